@@ -1,0 +1,34 @@
+# `make demo` and `make test` set themselves up: they create .venv and install vit into it
+# the first time (and again when pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := runs/demo
+
+.PHONY: demo test lint clean
+
+$(VENV)/installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+# Train a ViT on two circles, test its best checkpoint, draw its class-token attention.
+demo: $(VENV)/installed
+	@start=$$(date +%s); set -e; rm -rf $(DEMO); \
+	$(BIN)/vit-train fit --config configs/two_circles.yaml \
+	  --trainer.logger.init_args.name demo --trainer.logger.init_args.version train; \
+	$(BIN)/vit-train test --config configs/two_circles.yaml \
+	  --trainer.logger.init_args.name demo --trainer.logger.init_args.version test \
+	  --ckpt_path $(DEMO)/train/checkpoints/best.ckpt; \
+	$(BIN)/vit-attention --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/attention; \
+	echo "demo finished in $$(( $$(date +%s) - start )) s: run in $(DEMO)/train, overlays in $(DEMO)/attention"
+
+lint: $(VENV)/installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) runs

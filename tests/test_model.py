@@ -1,0 +1,151 @@
+import pytest
+import torch
+from torch import nn
+
+from vit.model import PRESETS, Attention, ViT, build_vit
+
+
+def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
+    """Random boolean mask (True = may attend) that keeps the diagonal, so no row is empty."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(batch, 1, tokens, tokens, generator=g) > 0.4
+    return mask | torch.eye(tokens, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_and_explicit_paths_agree_fp32(masked):
+    torch.manual_seed(0)
+    attn = Attention(dim=32, heads=4)
+    x = torch.randn(3, 10, 32)
+    mask = make_mask(3, 10) if masked else None
+    fused, no_weights = attn(x, mask=mask)
+    explicit, weights = attn(x, mask=mask, return_weights=True)
+    assert no_weights is None and weights.shape == (3, 4, 10, 10)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_and_explicit_paths_agree_bf16(masked):
+    torch.manual_seed(0)
+    attn = Attention(dim=32, heads=4)
+    x = torch.randn(3, 10, 32)
+    mask = make_mask(3, 10) if masked else None
+    reference, _ = attn(x, mask=mask, return_weights=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused, _ = attn(x, mask=mask)
+        explicit, _ = attn(x, mask=mask, return_weights=True)
+    assert fused.dtype == explicit.dtype == torch.bfloat16
+    torch.testing.assert_close(fused.float(), explicit.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(fused.float(), reference, atol=3e-2, rtol=3e-2)
+
+
+def test_additive_mask_equals_boolean_mask():
+    torch.manual_seed(0)
+    attn = Attention(dim=16, heads=2)
+    x = torch.randn(2, 6, 16)
+    mask = make_mask(2, 6, seed=1)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    for fused in (True, False):
+        attn.fused = fused
+        torch.testing.assert_close(attn(x, mask=additive)[0], attn(x, mask=mask)[0])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_equals_torch_multihead_attention(masked):
+    torch.manual_seed(0)
+    dim, heads = 24, 3
+    ours = Attention(dim, heads, fused=False)
+    theirs = nn.MultiheadAttention(dim, heads, batch_first=True)
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(ours.qkv.weight)
+        theirs.in_proj_bias.copy_(ours.qkv.bias)
+        theirs.out_proj.weight.copy_(ours.proj.weight)
+        theirs.out_proj.bias.copy_(ours.proj.bias)
+    x = torch.randn(2, 7, dim)
+    mask = make_mask(2, 7) if masked else None
+    out, weights = ours(x, mask=mask, return_weights=True)
+    # nn.MultiheadAttention's boolean mask means the opposite (True = blocked), per batch*heads
+    their_mask = None if mask is None else (~mask).expand(2, heads, 7, 7).reshape(2 * heads, 7, 7)
+    expected, expected_weights = theirs(x, x, x, attn_mask=their_mask, average_attn_weights=False)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+
+
+def test_weights_are_distributions_and_masked_entries_are_zero():
+    torch.manual_seed(0)
+    attn = Attention(dim=32, heads=4)
+    x = torch.randn(3, 10, 32)
+    mask = make_mask(3, 10)
+    _, weights = attn(x, mask=mask, return_weights=True)
+    assert (weights >= 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 10))
+    assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+    assert (weights.masked_select(mask.expand_as(weights)) > 0).all()
+
+
+def test_scores_are_scaled_by_sqrt_head_dim():
+    attn = Attention(dim=8, heads=1)
+    with torch.no_grad():  # q = k = x, v = x: the weights are softmax(x x^T / sqrt(8))
+        attn.qkv.weight.copy_(torch.cat([torch.eye(8)] * 3))
+        attn.qkv.bias.zero_()
+    x = torch.randn(1, 5, 8)
+    _, weights = attn(x, return_weights=True)
+    torch.testing.assert_close(weights[0, 0], (x[0] @ x[0].T / 8**0.5).softmax(-1))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_gradients_reach_every_parameter(fused):
+    torch.manual_seed(0)
+    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, fused_attn=fused, drop_path=0.1)
+    model(torch.randn(4, 3, 16, 16)).logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        assert torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize(
+    "image_size, channels, pool, pos_embed",
+    [(16, 3, "cls", "learned"), ((16, 24), 1, "mean", "sincos"), ((24, 8), 3, "cls", "none")],
+)
+def test_output_shapes(image_size, channels, pool, pos_embed):
+    model = build_vit(
+        "micro", num_classes=5, image_size=image_size, patch_size=4, in_channels=channels,
+        pool=pool, pos_embed=pos_embed,
+    )  # fmt: skip
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    x = torch.randn(2, channels, h, w)
+    tokens, attention = model.forward_features(x, return_attention=True)
+    assert model.grid_size == (h // 4, w // 4)
+    assert tokens.shape == (2, 1 + (h // 4) * (w // 4), PRESETS["micro"]["dim"])
+    assert len(attention) == PRESETS["micro"]["depth"]
+    assert attention[0].shape == (2, PRESETS["micro"]["heads"], tokens.shape[1], tokens.shape[1])
+    logits = model(x)
+    assert logits.shape == (2, 5) and torch.isfinite(logits).all()
+    torch.testing.assert_close(model.forward_head(tokens), logits)
+
+
+def test_image_size_not_divisible_by_patch_size():
+    with pytest.raises(ValueError, match=r"30x32 is not divisible by patch size 4"):
+        ViT(num_classes=2, image_size=(30, 32), patch_size=4)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        build_vit("huge", num_classes=2)
+
+
+def test_position_embeddings_matter_only_when_present():
+    """Without position embeddings the model sees a bag of patches: swapping two patches swaps
+    their output tokens and changes nothing else. With them, a patch's token depends on where
+    it is."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, 16, 16)
+    swapped = x.clone()  # swap the top-left and bottom-right 4x4 patches (tokens 1 and 16)
+    swapped[..., :4, :4], swapped[..., 12:, 12:] = x[..., 12:, 12:], x[..., :4, :4]
+    for pos_embed, invariant in (("none", True), ("learned", False), ("sincos", False)):
+        model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, pos_embed=pos_embed)
+        if pos_embed == "learned":
+            nn.init.normal_(model.pos_embed)
+        a, b = model.forward_features(x), model.forward_features(swapped)
+        difference = max((a[:, 0] - b[:, 0]).abs().max(), (a[:, 1] - b[:, 16]).abs().max()).item()
+        assert (difference < 1e-5) == invariant, (pos_embed, difference)

@@ -1,0 +1,53 @@
+"""Rebuild a trained classifier and its data module from a checkpoint, without unpickling code."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from vit.classifier import ViTClassifier
+from vit.data import TwoCircles
+
+# Data modules a checkpoint may name, by the class path LightningCLI records.
+DATAMODULES: dict[str, type[L.LightningDataModule]] = {
+    "vit.data.TwoCircles": TwoCircles,
+}
+
+
+def _public(hparams: dict) -> dict:
+    return {k: v for k, v in hparams.items() if not k.startswith("_")}
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[ViTClassifier, L.LightningDataModule | None]:
+    """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint.
+
+    The file is read with `weights_only=True`: tensors and plain containers only. A checkpoint
+    that needs arbitrary unpickling is refused with a ValueError, and none of its code runs.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0]
+        raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({first})") from e
+    except (EOFError, RuntimeError) as e:
+        raise ValueError(f"{path} is not a readable checkpoint: {e}") from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
+        raise ValueError(f"{path} is not a checkpoint written by vit-train")
+    model = ViTClassifier(**_public(ckpt["hyper_parameters"]))
+    model.load_state_dict(ckpt["state_dict"])
+    model.eval()
+    datamodule = None
+    if dm_hparams := ckpt.get("datamodule_hyper_parameters"):
+        cls = DATAMODULES.get(dm_hparams.get("_class_path"))
+        if cls is None:
+            raise ValueError(f"{path} names an unknown data module {dm_hparams.get('_class_path')!r}")
+        datamodule = cls(**_public(dm_hparams))
+    return model, datamodule

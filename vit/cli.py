@@ -1,0 +1,110 @@
+"""`vit-train` (and `python train.py`): a LightningCLI over ViTClassifier and the data modules.
+
+    vit-train fit --config configs/two_circles.yaml
+    vit-train test --config configs/two_circles.yaml --ckpt_path runs/two_circles/version_0/checkpoints/best.ckpt
+    vit-train fit --config configs/two_circles.yaml --ckpt_path last   # resume the latest run
+
+Every run writes `runs/<name>/version_N/` with the resolved `config.yaml`, `metrics.csv` and
+`checkpoints/best.ckpt` (highest val/acc) plus `checkpoints/last.ckpt`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from vit.classifier import ViTClassifier
+
+# Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
+SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
+
+
+class CLIError(Exception):
+    """A problem with the user's input, reported as one line without a traceback."""
+
+
+class Parser(LightningArgumentParser):
+    """Reports a bad option or value as one line instead of the whole usage text."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:  # jsonargparse probing alternatives: let it handle this
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.exit(f"error: {' '.join(message.split())} (options: {prog} --help)")
+
+
+class ViTCLI(LightningCLI):
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as e:  # bad sizes, unknown preset, ...: raised by our constructors
+            raise CLIError(e) from e
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/acc",
+                "checkpoint.mode": "max",
+                "checkpoint.filename": "best",
+                "checkpoint.save_last": True,
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.CSVLogger",
+                    "init_args": {"save_dir": "runs", "name": "vit"},
+                },
+            }
+        )
+        # Facts of the data set are stated once, by the data module.
+        for key in ("num_classes", "image_size", "in_channels"):
+            parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path is None:
+            return
+        if ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
+            raise CLIError(f"checkpoint not found: {ckpt_path}")
+        if ckpt_path == "last" and self.subcommand == "fit":
+            self._continue_latest_run(config)
+
+    @staticmethod
+    def _continue_latest_run(config) -> None:
+        """For `fit --ckpt_path last`, log into the run whose last.ckpt is newest, so the resumed
+        run continues its logs and checkpoints instead of starting an empty version directory."""
+        logger = config.trainer.logger
+        args = getattr(logger, "init_args", None)
+        if args is None or args.get("version") is not None or "save_dir" not in args:
+            return
+        root = Path(args.save_dir) / str(args.get("name") or "")
+        runs = [p.parent.parent for p in root.glob("*/checkpoints/last*.ckpt")]
+        if runs:
+            latest = max(runs, key=lambda run: max(f.stat().st_mtime for f in run.glob("checkpoints/last*.ckpt")))
+            version = latest.name
+            match = re.fullmatch(r"version_(\d+)", version)
+            args.version = int(match.group(1)) if match else version
+
+
+def main(args: list[str] | None = None) -> None:
+    try:
+        ViTCLI(
+            ViTClassifier,
+            L.LightningDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
+            auto_configure_optimizers=False,
+            parser_class=Parser,
+            args=args,
+        )
+    except CLIError as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

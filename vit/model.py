@@ -1,0 +1,252 @@
+"""A Vision Transformer written from scratch on plain PyTorch and einops.
+
+Follows Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words" (ViT), with pre-norm blocks
+(Xiong et al. 2020), optional fixed 2-D sin-cos position embeddings (Chen et al. 2021, MoCo v3)
+and stochastic depth (Huang et al. 2016). The layout of the code follows nanoGPT and
+lucidrains' vit-pytorch: helpers, FeedForward, Attention, Block, ViT.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from einops.layers.torch import Rearrange
+from torch import nn
+
+# One dict of sizes. "micro" keeps unit tests fast, "mini" is the two-circles demo,
+# "cifar" is a width-192 depth-6 model for 32x32 images, the rest are the ViT paper's sizes.
+PRESETS: dict[str, dict] = {
+    "micro": dict(dim=32, depth=2, heads=2, mlp_ratio=2.0),
+    "mini": dict(dim=64, depth=4, heads=4, mlp_ratio=2.0),
+    "cifar": dict(dim=192, depth=6, heads=3, mlp_ratio=4.0),
+    "ti": dict(dim=192, depth=12, heads=3, mlp_ratio=4.0),
+    "s": dict(dim=384, depth=12, heads=6, mlp_ratio=4.0),
+    "b": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),
+}
+
+
+def pair(x: int | tuple[int, int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings, (grid_h * grid_w, dim), as in MoCo v3."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embeddings need dim divisible by 4, got dim={dim}")
+    y, x = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1 or 1))
+    y = y.flatten()[:, None] * omega[None, :]
+    x = x.flatten()[:, None] * omega[None, :]
+    return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch for a random subset of samples."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = torch.empty(x.shape[0], *([1] * (x.ndim - 1)), device=x.device, dtype=x.dtype)
+        return x * keep.bernoulli_(1.0 - self.p) / (1.0 - self.p)
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
+        super().__init__(
+            nn.Linear(dim, hidden_dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_dim, dim),
+            nn.Dropout(dropout),
+        )
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: softmax(Q K^T / sqrt(d_head)) V, heads concatenated, projected.
+
+    `fused=True` runs `F.scaled_dot_product_attention` (fast, no weights); `fused=False` runs the
+    explicit computation below. `forward(..., return_weights=True)` takes the explicit path for
+    that call only and returns the weights (batch, heads, tokens, tokens).
+
+    `mask` is boolean (True = may attend, as in SDPA) or additive (added to the scores), and
+    broadcasts to (batch, heads, tokens, tokens).
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, fused: bool = True):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.fused = fused
+        self.dropout = dropout
+        # Q, K and V projections in one matmul; rows ordered [q; k; v] like nn.MultiheadAttention.
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = nn.Dropout(dropout)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        weights = None
+        if self.fused and not return_weights:
+            p = self.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, heads, N, N)
+            if mask is not None:
+                if mask.dtype == torch.bool:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                else:
+                    scores = scores + mask
+            # softmax in fp32 even under bf16 autocast: rows must sum to 1
+            weights = scores.float().softmax(dim=-1).to(v.dtype)
+            out = self.attn_drop(weights) @ v
+        out = rearrange(out, "b h n d -> b n (h d)")
+        return self.proj_drop(self.proj(out)), weights
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_ratio: float,
+        dropout: float = 0.0,
+        drop_path: float = 0.0,
+        fused_attn: bool = True,
+    ):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, dropout=dropout, fused=fused_attn)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = FeedForward(dim, int(dim * mlp_ratio), dropout=dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, weights = self.attn(self.norm1(x), mask=mask, return_weights=return_weights)
+        x = x + self.drop_path(y)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x, weights
+
+
+class ViT(nn.Module):
+    def __init__(
+        self,
+        num_classes: int,
+        image_size: int | tuple[int, int] = 32,
+        patch_size: int = 4,
+        in_channels: int = 3,
+        dim: int = 192,
+        depth: int = 6,
+        heads: int = 3,
+        mlp_ratio: float = 4.0,
+        pos_embed: Literal["learned", "sincos", "none"] = "learned",
+        pool: Literal["cls", "mean"] = "cls",
+        dropout: float = 0.0,
+        drop_path: float = 0.0,  # stochastic-depth rate of the last block, linear from 0
+        fused_attn: bool = True,
+    ):
+        super().__init__()
+        image_h, image_w = pair(image_size)
+        if image_h % patch_size or image_w % patch_size:
+            raise ValueError(
+                f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}"
+            )
+        if pool not in ("cls", "mean"):
+            raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
+        if pos_embed not in ("learned", "sincos", "none"):
+            raise ValueError(f"pos_embed must be 'learned', 'sincos' or 'none', got {pos_embed!r}")
+        self.image_size = (image_h, image_w)
+        self.patch_size = patch_size
+        self.grid_size = (image_h // patch_size, image_w // patch_size)
+        self.num_prefix_tokens = 1  # the class token
+        self.pool = pool
+        num_patches = self.grid_size[0] * self.grid_size[1]
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size),
+            nn.Linear(patch_size * patch_size * in_channels, dim),
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
+        elif pos_embed == "sincos":
+            table = torch.cat((torch.zeros(1, dim), sincos_2d(*self.grid_size, dim)))
+            self.register_buffer("pos_embed", table[None], persistent=False)
+        else:
+            self.pos_embed = None
+        self.drop = nn.Dropout(dropout)
+        rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio, dropout, rate, fused_attn) for rate in rates
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        self.apply(self._init_weights)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters other than biases and norms that AdamW should not decay."""
+        return {"cls_token", "pos_embed"}
+
+    def forward_features(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Images (B, C, H, W) -> normed tokens (B, 1 + patches, dim), class token first.
+
+        With `return_attention=True` every block runs the explicit attention path for this call
+        and the per-block weights (B, heads, tokens, tokens) are returned too.
+        """
+        x = self.to_patch_embedding(x)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = torch.cat((cls, x), dim=1)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        x = self.drop(x)
+        attention = []
+        for block in self.blocks:
+            x, weights = block(x, mask=mask, return_weights=return_attention)
+            attention.append(weights)
+        x = self.norm(x)
+        return (x, attention) if return_attention else x
+
+    def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
+        pooled = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(1)
+        return self.head(pooled)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x, mask=mask))
+
+
+def build_vit(preset: str, **overrides) -> ViT:
+    """A ViT of a named size; keyword arguments that are not None override the preset."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    kwargs = PRESETS[preset] | {k: v for k, v in overrides.items() if v is not None}
+    return ViT(**kwargs)
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
