@@ -143,7 +143,9 @@ def test_position_embeddings_matter_only_when_present():
     swapped = x.clone()  # swap the top-left and bottom-right 4x4 patches (tokens 1 and 16)
     swapped[..., :4, :4], swapped[..., 12:, 12:] = x[..., 12:, 12:], x[..., :4, :4]
     for pos_embed, invariant in (("none", True), ("learned", False), ("sincos", False)):
-        model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, pos_embed=pos_embed)
+        model = build_vit(
+            "micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, pos_embed=pos_embed
+        )
         if pos_embed == "learned":
             nn.init.normal_(model.pos_embed)
         a, b = model.forward_features(x), model.forward_features(swapped)

@@ -77,7 +77,10 @@ class ViTClassifier(L.LightningModule):
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         accuracy(logits, y)
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step)
+        # epoch-level losses are averaged over all processes; accuracy syncs itself (torchmetrics)
+        self.log(
+            f"{stage}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, sync_dist=not on_step
+        )
         self.log(f"{stage}/acc", accuracy, prog_bar=True, on_step=False, on_epoch=True)
         return loss
 
@@ -113,7 +116,9 @@ class ViTClassifier(L.LightningModule):
         )
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = min(max(int(total * hp.warmup_fraction), 1), total - 1) if total > 1 else 0
-        cosine = CosineAnnealingLR(optimizer, T_max=max(total - warmup, 1), eta_min=hp.lr * hp.min_lr_fraction)
+        cosine = CosineAnnealingLR(
+            optimizer, T_max=max(total - warmup, 1), eta_min=hp.lr * hp.min_lr_fraction
+        )
         if warmup:
             scheduler = SequentialLR(
                 optimizer,

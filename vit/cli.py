@@ -1,7 +1,8 @@
-"""`vit-train` (and `python train.py`): a LightningCLI over ViTClassifier and the data modules.
+r"""`vit-train` (and `python train.py`): a LightningCLI over ViTClassifier and the data modules.
 
     vit-train fit --config configs/two_circles.yaml
-    vit-train test --config configs/two_circles.yaml --ckpt_path runs/two_circles/version_0/checkpoints/best.ckpt
+    vit-train test --config configs/two_circles.yaml \
+        --ckpt_path runs/two_circles/version_0/checkpoints/best.ckpt
     vit-train fit --config configs/two_circles.yaml --ckpt_path last   # resume the latest run
 
 Every run writes `runs/<name>/version_N/` with the resolved `config.yaml`, `metrics.csv` and
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -22,6 +24,29 @@ from vit.classifier import ViTClassifier
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Writes `last.ckpt` after every epoch, or every `every_n_train_steps` steps if set, and
+    when training ends.
+
+    Lightning's `ModelCheckpoint(save_last=True)` rewrites last.ckpt only when the monitored
+    best checkpoint is saved too, so after an epoch that did not improve val/acc, "last" would
+    be an older epoch. This callback monitors nothing, so it always saves.
+    """
+
+    def __init__(self, every_n_train_steps: int | None = None):
+        super().__init__(
+            filename=self.CHECKPOINT_NAME_LAST,
+            monitor=None,
+            save_top_k=1,
+            every_n_train_steps=every_n_train_steps,
+            enable_version_counter=False,
+        )
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):  # skips if this step is saved
+            self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class CLIError(Exception):
@@ -43,17 +68,18 @@ class ViTCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except ValueError as e:  # bad sizes, unknown preset, ...: raised by our constructors
+        except (ValueError, MisconfigurationException) as e:  # raised by constructors
             raise CLIError(e) from e
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/acc",
                 "checkpoint.mode": "max",
                 "checkpoint.filename": "best",
-                "checkpoint.save_last": True,
+                "checkpoint.save_last": False,  # LastCheckpoint writes last.ckpt
                 "trainer.logger": {
                     "class_path": "lightning.pytorch.loggers.CSVLogger",
                     "init_args": {"save_dir": "runs", "name": "vit"},
@@ -85,7 +111,9 @@ class ViTCLI(LightningCLI):
         root = Path(args.save_dir) / str(args.get("name") or "")
         runs = [p.parent.parent for p in root.glob("*/checkpoints/last*.ckpt")]
         if runs:
-            latest = max(runs, key=lambda run: max(f.stat().st_mtime for f in run.glob("checkpoints/last*.ckpt")))
+            latest = max(
+                runs, key=lambda run: max(f.stat().st_mtime for f in run.glob("checkpoints/last*.ckpt"))
+            )
             version = latest.name
             match = re.fullmatch(r"version_(\d+)", version)
             args.version = int(match.group(1)) if match else version

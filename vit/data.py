@@ -128,4 +128,3 @@ class TwoCircles(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test")
-

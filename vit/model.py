@@ -163,9 +163,7 @@ class ViT(nn.Module):
         super().__init__()
         image_h, image_w = pair(image_size)
         if image_h % patch_size or image_w % patch_size:
-            raise ValueError(
-                f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}"
-            )
+            raise ValueError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
         if pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
         if pos_embed not in ("learned", "sincos", "none"):
@@ -191,9 +189,7 @@ class ViT(nn.Module):
             self.pos_embed = None
         self.drop = nn.Dropout(dropout)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.ModuleList(
-            Block(dim, heads, mlp_ratio, dropout, rate, fused_attn) for rate in rates
-        )
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout, rate, fused_attn) for rate in rates)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
         self.apply(self._init_weights)

@@ -17,7 +17,9 @@ def to_display(image: torch.Tensor) -> torch.Tensor:
     return image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)
 
 
-def overlay(ax, image: torch.Tensor, patch_map: torch.Tensor, alpha: float = 0.6, cmap: str = "inferno") -> None:
+def overlay(
+    ax, image: torch.Tensor, patch_map: torch.Tensor, alpha: float = 0.6, cmap: str = "inferno"
+) -> None:
     """Draw `image` (C, H, W) with `patch_map` (grid_h, grid_w) upsampled over it."""
     height, width = image.shape[-2:]
     upsampled = F.interpolate(patch_map[None, None].float().cpu(), size=(height, width), mode="nearest")[0, 0]

@@ -1,6 +1,6 @@
 """`vit-attention`: draw where a trained ViT's class token looks, over test images.
 
-    vit-attention --ckpt runs/two_circles/version_0/checkpoints/best.ckpt --out attention
+vit-attention --ckpt runs/two_circles/version_0/checkpoints/best.ckpt --out attention
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def attention(
     maps = cls_attention_maps(model.model, weights)  # (B, heads, gh, gw)
     maps = torch.cat((maps.mean(1, keepdim=True), maps), dim=1)
     names = getattr(datamodule, "classes", None) or [str(i) for i in range(model.hparams.num_classes)]
-    rows = [f"true {names[t]}\npred {names[p]}" for t, p in zip(labels.tolist(), predicted.tolist())]
+    rows = [
+        f"true {names[t]}\npred {names[p]}" for t, p in zip(labels.tolist(), predicted.tolist(), strict=True)
+    ]
     cols = ["mean of heads", *(f"head {h}" for h in range(weights.shape[1]))]
     path = save_overlay_grid(images, maps, Path(out) / f"cls_attention_layer{layer}.png", rows, cols)
     print(f"wrote {path}: class-token attention of layer {layer} for {len(images)} test images")

@@ -1,0 +1,165 @@
+"""The training CLI end to end, on tiny models and data: fit, test, predict, attention overlays,
+resume after SIGKILL, two-process DDP, bf16, and one-line errors for bad input."""
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, run_train, tiny_args
+
+from vit.checkpoint import load_checkpoint
+from vit.cli import main
+from vit.visualize import attention
+
+
+def metrics(run: Path) -> list[dict]:
+    with open(run / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def last_value(rows: list[dict], key: str) -> float:
+    return [float(r[key]) for r in rows if r.get(key)][-1]
+
+
+def test_fit_test_predict_and_attention(runs, capsys):
+    main(["fit", *tiny_args(runs)])
+    run = runs / "tiny" / "version_0"
+    assert (run / "config.yaml").is_file()
+    assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    rows = metrics(run)
+    assert {"train/loss", "val/loss", "val/acc", "train/acc"} <= set(rows[0])
+    assert 0.0 <= last_value(rows, "val/acc") <= 1.0
+    saved = (run / "config.yaml").read_text()
+    assert "preset: micro" in saved and "class_path: vit.data.TwoCircles" in saved
+
+    best = run / "checkpoints" / "best.ckpt"
+    main(["test", *tiny_args(runs), "--ckpt_path", str(best)])
+    assert "test/acc" in capsys.readouterr().out
+
+    # the checkpoint alone rebuilds the model and the data module
+    model, datamodule = load_checkpoint(best)
+    assert model.hparams.preset == "micro" and model.hparams.num_classes == 4
+    assert datamodule.hparams.num_train == 512
+
+    [png] = attention(ckpt=best, out=runs / "attention", num_images=3)
+    assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_print_config_shows_linked_and_default_values(runs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_args(runs), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "preset: micro" in out and "monitor: val/acc" in out and "last_checkpoint:" in out
+    assert not runs.exists()
+
+
+def test_bf16_mixed_trains_on_cpu(runs):
+    main(["fit", *tiny_args(runs, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
+    rows = metrics(runs / "tiny" / "version_0")
+    assert torch.isfinite(torch.tensor(last_value(rows, "val/loss")))
+
+
+def test_learns_two_circles(runs):
+    """A short run that must beat chance (0.25) clearly; the demo shows the full result."""
+    main([
+        "fit", *tiny_args(runs, "--model.preset", "mini", "--data.init_args.num_train", "8000",
+                          "--data.init_args.num_val", "400", "--data.init_args.batch_size", "64",
+                          "--trainer.max_epochs", "4"),
+    ])  # fmt: skip
+    assert last_value(metrics(runs / "tiny" / "version_0"), "val/acc") > 0.6
+
+
+def test_ddp_on_two_cpu_processes_splits_the_data(runs, tmp_path):
+    single = run_train("fit", *tiny_args(runs, name="single"), cwd=tmp_path)
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = run_train(
+        "fit", *tiny_args(runs, "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                          "--trainer.strategy", "ddp", name="ddp"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    steps = {
+        name: torch.load(runs / name / "version_0/checkpoints/last.ckpt", weights_only=True)["global_step"]
+        for name in ("single", "ddp")
+    }
+    # 512 images, batch 32, 2 epochs: 32 steps alone, 16 when each process takes half the data
+    assert steps == {"single": 32, "ddp": 16}
+    assert 0.0 <= last_value(metrics(runs / "ddp" / "version_0"), "val/acc") <= 1.0
+
+
+def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
+    # 8192 images in batches of 16: 512 steps an epoch; a checkpoint every 20 steps
+    args = tiny_args(
+        runs, "--data.init_args.num_train", "8192", "--data.init_args.batch_size", "16",
+        "--last_checkpoint.every_n_train_steps", "20", "--trainer.max_epochs", "1",
+    )  # fmt: skip
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "fit", *args], cwd=tmp_path)
+    try:
+        deadline = time.time() + 240
+        while not last.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "training ended before it could be killed"
+    killed_at = torch.load(last, weights_only=True)["global_step"]  # intact after the kill
+    assert 0 < killed_at < 512, "the kill should land mid-epoch"
+
+    resumed = run_train("fit", *args, "--ckpt_path", "last", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"Restoring states from the checkpoint path at {last}" in resumed.stderr + resumed.stdout
+    final = torch.load(last, weights_only=True)
+    assert final["global_step"] == 512  # the step count continued to the end of the epoch
+    assert not (runs / "tiny" / "version_1").exists()  # the same run, not a new one
+    steps = [int(r["step"]) for r in metrics(runs / "tiny" / "version_0") if r.get("train/loss")]
+    assert steps and max(steps) > killed_at
+    load_checkpoint(last)
+    load_checkpoint(runs / "tiny" / "version_0" / "checkpoints" / "best.ckpt")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model.prest", "mini"], "unrecognized arguments: --model.prest"),
+        (["--model.lr", "fast"], 'Parser key "model.lr"'),
+        (["--model.preset", "huge"], "unknown preset 'huge'"),
+        (["--model.patch_size", "5"], "not divisible by patch size 5"),
+        (["--ckpt_path", "missing.ckpt"], "checkpoint not found: missing.ckpt"),
+        (["--checkpoint.every_n_train_steps", "5", "--checkpoint.every_n_epochs", "1"], "mutually exclusive"),
+    ],
+)
+def test_bad_input_is_one_line_error_and_leaves_nothing(runs, tmp_path, extra, message):
+    result = run_train("fit", *tiny_args(runs), *extra, cwd=tmp_path)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert errors[-1].startswith("error: ") and message in errors[-1], result.stderr
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr
+    assert not runs.exists()
+
+
+def test_attention_cli_errors_are_one_line(tmp_path):
+    command = ["-m", "vit.visualize", "--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "o")]
+    result = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=ROOT)
+    assert (
+        result.returncode != 0
+        and result.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'nope.ckpt'}"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_unsafe_checkpoint_is_refused(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("code from the checkpoint ran",))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "x": Payload()}, path)
+    with pytest.raises(ValueError, match="refusing"):
+        load_checkpoint(path)
