@@ -12,8 +12,8 @@ import pytest
 import torch
 from helpers import ROOT, run_train, tiny_args
 
+from vit import cli
 from vit.checkpoint import load_checkpoint
-from vit.cli import main
 from vit.visualize import attention
 
 
@@ -27,7 +27,7 @@ def last_value(rows: list[dict], key: str) -> float:
 
 
 def test_fit_test_predict_and_attention(runs, capsys):
-    main(["fit", *tiny_args(runs)])
+    cli.main(["fit", *tiny_args(runs)])
     run = runs / "tiny" / "version_0"
     assert (run / "config.yaml").is_file()
     assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
@@ -38,9 +38,13 @@ def test_fit_test_predict_and_attention(runs, capsys):
     assert "preset: micro" in saved and "class_path: vit.data.TwoCircles" in saved
 
     best = run / "checkpoints" / "best.ckpt"
-    main(["test", *tiny_args(runs), "--ckpt_path", str(best)])
+    cli.main(["test", *tiny_args(runs), "--ckpt_path", str(best)])
     assert "test/acc" in capsys.readouterr().out
 
+    result = cli.run(["predict", *tiny_args(runs), "--ckpt_path", str(best)])
+    probabilities = torch.cat(result.trainer.predict_loop.predictions)
+    assert probabilities.shape == (128, 4)
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(128))
     # the checkpoint alone rebuilds the model and the data module
     model, datamodule = load_checkpoint(best)
     assert model.hparams.preset == "micro" and model.hparams.num_classes == 4
@@ -52,7 +56,7 @@ def test_fit_test_predict_and_attention(runs, capsys):
 
 def test_print_config_shows_linked_and_default_values(runs, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *tiny_args(runs), "--print_config"])
+        cli.main(["fit", *tiny_args(runs), "--print_config"])
     assert exit_info.value.code in (0, None)
     out = capsys.readouterr().out
     assert "preset: micro" in out and "monitor: val/acc" in out and "last_checkpoint:" in out
@@ -60,14 +64,14 @@ def test_print_config_shows_linked_and_default_values(runs, capsys):
 
 
 def test_bf16_mixed_trains_on_cpu(runs):
-    main(["fit", *tiny_args(runs, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
+    cli.main(["fit", *tiny_args(runs, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")])
     rows = metrics(runs / "tiny" / "version_0")
     assert torch.isfinite(torch.tensor(last_value(rows, "val/loss")))
 
 
 def test_learns_two_circles(runs):
     """A short run that must beat chance (0.25) clearly; the demo shows the full result."""
-    main([
+    cli.main([
         "fit", *tiny_args(runs, "--model.preset", "mini", "--data.init_args.num_train", "8000",
                           "--data.init_args.num_val", "400", "--data.init_args.batch_size", "64",
                           "--trainer.max_epochs", "4"),
@@ -163,3 +167,14 @@ def test_unsafe_checkpoint_is_refused(tmp_path):
     torch.save({"state_dict": {}, "hyper_parameters": {}, "x": Payload()}, path)
     with pytest.raises(ValueError, match="refusing"):
         load_checkpoint(path)
+
+
+def test_vit_train_command_exits_zero(runs, tmp_path):
+    """The installed command wraps main() in sys.exit(): a finished run must exit 0."""
+    script = Path(sys.executable).parent / "vit-train"
+    if not script.exists():
+        pytest.skip("vit-train is not installed next to this Python")
+    args = tiny_args(runs, "--trainer.max_epochs", "1", "--data.init_args.num_train", "64")
+    result = subprocess.run([str(script), "fit", *args], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt").is_file()

@@ -119,17 +119,22 @@ class ViTCLI(LightningCLI):
             args.version = int(match.group(1)) if match else version
 
 
+def run(args: list[str] | None = None) -> ViTCLI:
+    """Parse `args` (default: the command line), build everything and run the subcommand."""
+    return ViTCLI(
+        ViTClassifier,
+        L.LightningDataModule,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
+        auto_configure_optimizers=False,
+        parser_class=Parser,
+        args=args,
+    )
+
+
 def main(args: list[str] | None = None) -> None:
     try:
-        ViTCLI(
-            ViTClassifier,
-            L.LightningDataModule,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
-            auto_configure_optimizers=False,
-            parser_class=Parser,
-            args=args,
-        )
+        run(args)
     except CLIError as e:
         sys.exit(f"error: {e}")
 
