@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.classification import MulticlassAccuracy
 
-from vit.model import PRESETS, build_vit
+from vit.model import PRESETS, build_vit, require
 
 
 class ViTClassifier(L.LightningModule):
@@ -47,6 +47,12 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        require(lr > 0, f"lr={lr} must be positive")
+        require(weight_decay >= 0, f"weight_decay={weight_decay} must be >= 0")
+        require(all(0 <= b < 1 for b in betas), f"betas={betas} must lie in [0, 1)")
+        require(0 <= warmup_fraction < 1, f"warmup_fraction={warmup_fraction} must lie in [0, 1)")
+        require(0 <= min_lr_fraction <= 1, f"min_lr_fraction={min_lr_fraction} must lie in [0, 1]")
+        require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         self.save_hyperparameters()
         self.model = build_vit(
             preset,

@@ -27,8 +27,8 @@ SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """Writes `last.ckpt` after every epoch, or every `every_n_train_steps` steps if set, and
-    when training ends.
+    """Writes `last.ckpt` after every validation (each epoch by default), every
+    `every_n_train_steps` steps if set, and when training ends.
 
     Lightning's `ModelCheckpoint(save_last=True)` rewrites last.ckpt only when the monitored
     best checkpoint is saved too, so after an epoch that did not improve val/acc, "last" would
@@ -44,9 +44,17 @@ class LastCheckpoint(ModelCheckpoint):
             enable_version_counter=False,
         )
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def _save_unless_saved(self, trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):  # skips if this step is saved
             self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not trainer.sanity_checking:
+            self._save_unless_saved(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save_unless_saved(trainer)
 
 
 class CLIError(Exception):
@@ -69,6 +77,8 @@ class ViTCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as e:  # raised by constructors
+            while e.__cause__ is not None or e.__context__ is not None:  # jsonargparse wraps ours
+                e = e.__cause__ or e.__context__
             raise CLIError(e) from e
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -91,32 +101,43 @@ class ViTCLI(LightningCLI):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        config = self.config[self.subcommand]
+        trainer = config.trainer
+        if self.subcommand == "fit" and trainer.max_epochs == -1 and trainer.max_steps in (None, -1):
+            raise CLIError("max_epochs=-1 needs max_steps: the learning-rate schedule needs an end")
         ckpt_path = config.get("ckpt_path")
-        if ckpt_path is None:
-            return
-        if ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
-            raise CLIError(f"checkpoint not found: {ckpt_path}")
-        if ckpt_path == "last" and self.subcommand == "fit":
-            self._continue_latest_run(config)
-
-    @staticmethod
-    def _continue_latest_run(config) -> None:
-        """For `fit --ckpt_path last`, log into the run whose last.ckpt is newest, so the resumed
-        run continues its logs and checkpoints instead of starting an empty version directory."""
-        logger = config.trainer.logger
-        args = getattr(logger, "init_args", None)
-        if args is None or args.get("version") is not None or "save_dir" not in args:
-            return
-        root = Path(args.save_dir) / str(args.get("name") or "")
-        runs = [p.parent.parent for p in root.glob("*/checkpoints/last*.ckpt")]
-        if runs:
-            latest = max(
-                runs, key=lambda run: max(f.stat().st_mtime for f in run.glob("checkpoints/last*.ckpt"))
+        if ckpt_path == "last":
+            self._resolve_last(config)
+        elif ckpt_path == "best":
+            raise CLIError(
+                "--ckpt_path best only means something in the process that ran fit; "
+                "give a file, for example runs/<name>/version_N/checkpoints/best.ckpt"
             )
-            version = latest.name
-            match = re.fullmatch(r"version_(\d+)", version)
-            args.version = int(match.group(1)) if match else version
+        elif ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
+            raise CLIError(f"checkpoint not found: {ckpt_path}")
+
+    def _resolve_last(self, config) -> None:
+        """`--ckpt_path last` means the newest last.ckpt among the runs of the configured logger
+        (runs/<name>/*/checkpoints). `fit` continues that run in its own folder, so its logs and
+        checkpoints go on; `validate`, `test` and `predict` read that file."""
+        args = getattr(config.trainer.logger, "init_args", None)
+        if args is None or "save_dir" not in args:
+            return  # an unusual logger: leave "last" to Lightning
+        if self.subcommand == "fit" and args.get("version") is not None:
+            return  # the user named the run; Lightning finds its last.ckpt
+        root = Path(args.save_dir) / str(args.get("name") or "")
+        candidates = list(root.glob("*/checkpoints/last.ckpt"))
+        if not candidates:
+            if self.subcommand == "fit":
+                return  # Lightning warns and starts from scratch, as for a first run
+            raise CLIError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
+        newest = max(candidates, key=lambda f: f.stat().st_mtime)
+        if self.subcommand != "fit":
+            config.ckpt_path = str(newest)
+            return
+        version = newest.parent.parent.name
+        match = re.fullmatch(r"version_(\d+)", version)
+        args.version = int(match.group(1)) if match else version
 
 
 def run(args: list[str] | None = None) -> ViTCLI:

@@ -7,6 +7,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from vit.model import require
+
 
 def make_two_circles(
     n: int,
@@ -72,6 +74,11 @@ class TwoCircles(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
+        for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
+            require(value >= 1, f"{name}={value} must be at least 1")
+        require(batch_size >= 1, f"batch_size={batch_size} must be at least 1")
+        require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
+        require(radius > 0 and noise >= 0, f"radius={radius} must be > 0 and noise={noise} >= 0")
         if min_separation < 2 * radius + 1:
             raise ValueError(
                 f"min_separation={min_separation} lets circles of radius {radius} touch; "

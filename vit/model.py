@@ -28,6 +28,12 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def require(condition: bool, message: str) -> None:
+    """Reject a bad argument with a ValueError that says what is wrong (the CLI prints it)."""
+    if not condition:
+        raise ValueError(message)
+
+
 def pair(x: int | tuple[int, int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
 
@@ -162,6 +168,10 @@ class ViT(nn.Module):
     ):
         super().__init__()
         image_h, image_w = pair(image_size)
+        for name, value in (("dim", dim), ("depth", depth), ("heads", heads), ("patch_size", patch_size)):
+            require(value >= 1, f"{name}={value} must be at least 1")
+        require(0 <= dropout < 1, f"dropout={dropout} must lie in [0, 1)")
+        require(0 <= drop_path < 1, f"drop_path={drop_path} must lie in [0, 1)")
         if image_h % patch_size or image_w % patch_size:
             raise ValueError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
         if pool not in ("cls", "mean"):
