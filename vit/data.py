@@ -3,69 +3,120 @@ CLI links into the model, so a config names them once."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from vit.model import require
 
+# Orientation (degrees) of the line joining the two centres, per class; y points up as in maths.
+ORIENTATIONS = {4: (0, 45, 90, 135), 2: (45, 135)}
+ORIENTATION_NAMES = {0: "horizontal -", 45: "diagonal /", 90: "vertical |", 135: "diagonal \\"}
+
+
+def torus_delta(a: torch.Tensor, b: torch.Tensor, period: float | None) -> torch.Tensor:
+    """b - a, the shortest way round a wrap-around canvas of side `period` (in
+    [-period/2, period/2)); plain b - a when `period` is None."""
+    if period is None:
+        return b - a
+    return torch.remainder(b - a + period / 2, period) - period / 2
+
 
 def make_two_circles(
     n: int,
     image_size: int = 32,
-    radius: float = 3.0,
-    min_separation: float = 10.0,
-    max_separation: float = 16.0,
+    radius: float = 2.5,
+    separation: tuple[float, float] = (7.0, 11.0),
     angle_jitter: float = 10.0,
     noise: float = 0.05,
+    num_classes: int = 4,
+    max_distractors: int = 0,
+    midpoints: str = "all",
+    wrap: bool = True,
     generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`n` images (n, 1, H, W) in [0, 1] holding two identical anti-aliased filled circles.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`n` images (n, 1, H, W) in [0, 1] with two identical anti-aliased filled circles; their
+    labels; and the circle centres (n, 2, 2) as (x, y) pixels.
 
-    The label is the orientation of the line joining the centres: 0 = 0 deg (-), 1 = 45 deg (/),
-    2 = 90 deg (|), 3 = 135 deg (\\), each with +-`angle_jitter` degrees. The separation is drawn
-    from the same range for every class, so no class is told apart by distance; the midpoint is
-    uniform over the positions that keep both circles inside the image.
+    The label is the orientation of the line joining the centres (`ORIENTATIONS`), +-`angle_jitter`
+    degrees; the separation is drawn from the same range for every class. With `wrap` the canvas
+    wraps around (a torus): the midpoint is uniform, so each circle's position is uniform whatever
+    the class, and a circle that crosses an edge comes back on the other side. Without it, the
+    midpoint is uniform over the places that keep both circles inside the image, which makes
+    positions near the edges slightly class-dependent (a horizontal pair cannot sit at the far
+    left): a leak that a CNN with zero padding can use. `max_distractors` hollow squares
+    (0 to that many per image, uniform, independent of the label) add clutter. `midpoints` is
+    "all", or "outside"/"inside" the held-out square [0, size/4)^2 of midpoints.
     """
     g = generator
-    labels = torch.randint(0, 4, (n,), generator=g)
-    angle = torch.deg2rad(labels * 45.0 + (torch.rand(n, generator=g) * 2 - 1) * angle_jitter)
-    dist = min_separation + torch.rand(n, generator=g) * (max_separation - min_separation)
-    # Image rows grow downwards, so "/" (45 deg) goes right and up: y offset is -sin.
+    size = float(image_size)
+    labels = torch.randint(0, num_classes, (n,), generator=g)
+    degrees = torch.tensor(ORIENTATIONS[num_classes], dtype=torch.float32)[labels]
+    angle = torch.deg2rad(degrees + (torch.rand(n, generator=g) * 2 - 1) * angle_jitter)
+    dist = separation[0] + torch.rand(n, generator=g) * (separation[1] - separation[0])
+    # Image rows grow downwards, so "/" (45 deg) goes right and up: the y offset is -sin.
     offset = torch.stack((dist * torch.cos(angle), -dist * torch.sin(angle)), dim=1)  # (n, 2) x, y
-    lo, hi = radius + 0.5, image_size - radius - 0.5
-    half = offset.abs() / 2
-    mid = lo + half + torch.rand(n, 2, generator=g) * (hi - lo - 2 * half)
-    centres = torch.stack((mid - offset / 2, mid + offset / 2), dim=1)  # (n, 2 circles, 2)
+    mid = torch.rand(n, 2, generator=g) * size
+    if not wrap:
+        require(midpoints == "all", "held-out midpoints need the wrap-around canvas")
+        lo, hi = radius + 0.5, size - radius - 0.5
+        half = offset.abs() / 2
+        mid = lo + half + mid / size * (hi - lo - 2 * half)
+    elif midpoints == "inside":
+        mid = mid / 4
+    elif midpoints == "outside":
+        while (held := (mid < size / 4).all(dim=1)).any():
+            mid[held] = torch.rand(int(held.sum()), 2, generator=g) * size
+    elif midpoints != "all":
+        raise ValueError(f"midpoints must be 'all', 'inside' or 'outside', got {midpoints!r}")
+    centres = torch.remainder(torch.stack((mid - offset / 2, mid + offset / 2), dim=1), size)
 
     coords = torch.arange(image_size, dtype=torch.float32) + 0.5
-    dx = coords[None, None, None, :] - centres[..., 0, None, None]  # (n, 2, 1, W)
-    dy = coords[None, None, :, None] - centres[..., 1, None, None]  # (n, 2, H, 1)
+    period = size if wrap else None
+    dx = torus_delta(centres[..., 0, None, None], coords[None, None, None, :], period)  # (n, 2, 1, W)
+    dy = torus_delta(centres[..., 1, None, None], coords[None, None, :, None], period)  # (n, 2, H, 1)
     # Coverage of each pixel by a circle, linear over one pixel at the edge (anti-aliasing).
     ink = (radius + 0.5 - (dx**2 + dy**2).sqrt()).clamp(0, 1).amax(dim=1, keepdim=True)
+    if max_distractors:
+        count = torch.randint(0, max_distractors + 1, (n, 1), generator=g)
+        where = torch.rand(n, max_distractors, 2, generator=g) * size
+        dx = torus_delta(where[..., 0, None, None], coords[None, None, None, :], period)
+        dy = torus_delta(where[..., 1, None, None], coords[None, None, :, None], period)
+        box = torch.maximum(dx.abs(), dy.abs())  # Chebyshev distance: squares
+        outline = (radius + 0.5 - box).clamp(0, 1) - (radius - 0.5 - box).clamp(0, 1)
+        active = (torch.arange(max_distractors) < count)[..., None, None]  # (n, k, 1, 1)
+        ink = torch.maximum(ink, (outline * active).amax(dim=1, keepdim=True))
     images = (ink + noise * torch.randn(ink.shape, generator=g)).clamp(0, 1)
-    return images, labels
+    return images, labels, centres
 
 
 class TwoCircles(L.LightningDataModule):
     """Two identical circles whose relative placement is the label; generated, no files needed.
 
     Deterministic from `seed`: each split has its own generator, so the validation and test sets
-    do not change when the training set size does.
+    do not change when the training set size does. `test_split` picks what `test` measures:
+    "iid" (same distribution as training), "far" (separations in `far_separation`, beyond the
+    training range) or "held_out" (midpoints in the square that `holdout_midpoints` kept out of
+    training and validation).
     """
 
-    classes = ("horizontal -", "diagonal /", "vertical |", "diagonal \\")
-    num_classes = 4
     in_channels = 1
 
     def __init__(
         self,
         image_size: int = 32,
-        radius: float = 3.0,
-        min_separation: float = 10.0,
-        max_separation: float = 16.0,
+        radius: float = 2.5,
+        separation: tuple[float, float] = (7.0, 11.0),
+        far_separation: tuple[float, float] = (11.0, 15.0),
         angle_jitter: float = 10.0,  # degrees; bins are 45 apart, so 25 degrees separate classes
         noise: float = 0.05,
+        num_classes: Literal[2, 4] = 4,
+        max_distractors: int = 0,
+        wrap: bool = True,  # a wrap-around canvas: circle positions independent of the class
+        holdout_midpoints: bool = False,
+        test_split: Literal["iid", "far", "held_out"] = "iid",
         num_train: int = 20000,
         num_val: int = 2000,
         num_test: int = 2000,
@@ -79,41 +130,61 @@ class TwoCircles(L.LightningDataModule):
         require(batch_size >= 1, f"batch_size={batch_size} must be at least 1")
         require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
         require(radius > 0 and noise >= 0, f"radius={radius} must be > 0 and noise={noise} >= 0")
-        if min_separation < 2 * radius + 1:
-            raise ValueError(
-                f"min_separation={min_separation} lets circles of radius {radius} touch; "
-                f"use at least {2 * radius + 1}"
+        require(num_classes in ORIENTATIONS, f"num_classes={num_classes} must be 2 or 4")
+        require(max_distractors >= 0, f"max_distractors={max_distractors} must be >= 0")
+        require(test_split in ("iid", "far", "held_out"), f"unknown test_split {test_split!r}")
+        require(
+            test_split != "held_out" or holdout_midpoints,
+            "test_split=held_out needs holdout_midpoints=true (else nothing was held out)",
+        )
+        for name, (lo, hi) in (("separation", separation), ("far_separation", far_separation)):
+            require(lo <= hi, f"{name}={(lo, hi)} must be (low, high) with low <= high")
+            require(
+                lo >= 2 * radius + 1,
+                f"{name}={(lo, hi)} lets circles of radius {radius} touch; use at least {2 * radius + 1}",
             )
-        if max_separation < min_separation:
-            raise ValueError(f"max_separation={max_separation} < min_separation={min_separation}")
-        if max_separation + 2 * radius + 1 > image_size:
-            raise ValueError(
-                f"max_separation={max_separation} with radius={radius} does not fit in "
-                f"image_size={image_size}"
-            )
+            if wrap:  # beyond half the canvas, the shortest way round would flip the orientation
+                require(hi < image_size / 2, f"{name}={(lo, hi)} must stay below image_size/2 on a torus")
+            else:
+                require(hi + 2 * radius + 1 <= image_size, f"{name}={(lo, hi)} does not fit in the image")
+        require(wrap or not holdout_midpoints, "holdout_midpoints needs wrap=true")
         if not 0 <= angle_jitter < 22.5:
             raise ValueError(f"angle_jitter={angle_jitter} must be in [0, 22.5) degrees")
         self.save_hyperparameters()
         self.image_size = image_size
+        self.num_classes = num_classes
+        self.classes = tuple(ORIENTATION_NAMES[d] for d in ORIENTATIONS[num_classes])
         self.splits: dict[str, TensorDataset] = {}
+        self.centres: dict[str, torch.Tensor] = {}  # (n, 2, 2) circle centres, for analysis
 
     def _split(self, name: str) -> TensorDataset:
+        """Splits: "train", "val", "test" (iid), "far" and "held_out"."""
         if name not in self.splits:
             hp = self.hparams
-            index = ("train", "val", "test").index(name)
-            g = torch.Generator().manual_seed(hp.seed * 3 + index)
-            n = {"train": hp.num_train, "val": hp.num_val, "test": hp.num_test}[name]
-            images, labels = make_two_circles(
-                n, hp.image_size, hp.radius, hp.min_separation, hp.max_separation,
-                hp.angle_jitter, hp.noise, generator=g,
+            index = ("train", "val", "test", "far", "held_out").index(name)
+            g = torch.Generator().manual_seed(hp.seed * 5 + index)
+            n = {"train": hp.num_train, "val": hp.num_val}.get(name, hp.num_test)
+            midpoints = "all"
+            if hp.holdout_midpoints:
+                midpoints = "inside" if name == "held_out" else "outside"
+            images, labels, centres = make_two_circles(
+                n, hp.image_size, hp.radius,
+                hp.far_separation if name == "far" else hp.separation,
+                hp.angle_jitter, hp.noise, hp.num_classes, hp.max_distractors, midpoints, hp.wrap,
+                generator=g,
             )  # fmt: skip
             self.splits[name] = TensorDataset(images, labels)
+            self.centres[name] = centres
         return self.splits[name]
 
     def setup(self, stage: str) -> None:
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
-        for name in wanted.get(stage, ("test",)):
+        wanted = {"fit": ("train", "val"), "validate": ("val",)}
+        for name in wanted.get(stage, (self.test_name,)):
             self._split(name)
+
+    @property
+    def test_name(self) -> str:
+        return "test" if self.hparams.test_split == "iid" else self.hparams.test_split
 
     def _loader(self, name: str, shuffle: bool = False) -> DataLoader:
         return DataLoader(
@@ -131,7 +202,7 @@ class TwoCircles(L.LightningDataModule):
         return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
+        return self._loader(self.test_name)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test")
+        return self._loader(self.test_name)
