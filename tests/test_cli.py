@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import ROOT, run_train, tiny_args
 
-from vit import TwoCircles, ViTClassifier, cli
+from vit import CNNClassifier, TwoCircles, ViTClassifier, cli
 from vit.checkpoint import load_checkpoint
 from vit.visualize import attention
 
@@ -159,8 +159,9 @@ def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["fit", "--model.prest", "mini"], "unrecognized arguments: --model.prest"),
-        (["fit", "--model.lr", "fast"], 'Parser key "model.lr"'),
+        (["fit", "--model.prest", "mini"], "model (vit.ViTClassifier): Option 'prest' is not accepted"),
+        (["fit", "--nodel.preset", "mini"], "unrecognized arguments: --nodel.preset"),
+        (["fit", "--model.lr", "fast"], 'model (vit.ViTClassifier): Parser key "lr": Expected a'),
         (["fit", "--model.lr", "-1"], "lr=-1.0 must be positive"),
         (["fit", "--model.preset", "huge"], "unknown preset 'huge'"),
         (["fit", "--model.patch_size", "5"], "not divisible by patch size 5"),
@@ -215,3 +216,11 @@ def test_vit_train_command_exits_zero(runs, tmp_path):
     result = subprocess.run([str(script), "fit", *args], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_cnn_baseline_trains_from_the_same_cli(runs):
+    cnn = ["--model", "CNNClassifier", "--model.receptive_field", "5", "--model.width", "8"]
+    cli.main(["fit", *tiny_args(runs, *cnn, "--trainer.max_epochs", "1")])
+    model, datamodule = load_checkpoint(runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt")
+    assert isinstance(model, CNNClassifier) and model.model.receptive_field == 5
+    assert isinstance(datamodule, TwoCircles)

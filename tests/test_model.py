@@ -141,3 +141,27 @@ def test_position_embeddings_matter_only_when_present():
         a, b = model.forward_features(x), model.forward_features(swapped)
         difference = max((a[:, 0] - b[:, 0]).abs().max(), (a[:, 1] - b[:, 16]).abs().max()).item()
         assert (difference < 1e-5) == invariant, (pos_embed, difference)
+
+
+def test_attention_window_limits_how_far_information_travels():
+    """With a window of 1 patch and 2 blocks, a patch's token depends only on patches at most 2
+    rows and columns away; the class token is cut off, so the model pools the patch tokens."""
+    torch.manual_seed(0)
+    model = build_vit(
+        "micro", num_classes=3, image_size=32, patch_size=4, in_channels=1, pool="mean", attn_window=1
+    )
+    x = torch.randn(1, 1, 32, 32)
+    changed = x.clone()
+    changed[..., 28:, 28:] += 1.0  # the bottom-right patch: row 7, column 7
+    a, b = model.forward_features(x)[0, 1:], model.forward_features(changed)[0, 1:]
+    moved = (a - b).abs().amax(-1).reshape(8, 8) > 1e-6
+    rows, cols = torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij")
+    within_two = ((7 - rows) <= 2) & ((7 - cols) <= 2)
+    assert torch.equal(moved, within_two)
+    _, weights = model.forward_features(x, return_attention=True)
+    assert (weights[0][0, :, 0, 1:] == 0).all() and (weights[0][0, :, 1:, 0] == 0).all()
+
+
+def test_attention_window_needs_mean_pooling():
+    with pytest.raises(ValueError, match="pool='mean'"):
+        build_vit("micro", num_classes=2, image_size=16, patch_size=4, attn_window=1)

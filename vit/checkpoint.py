@@ -8,8 +8,16 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from vit.classifier import ViTClassifier
+from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.data import TwoCircles
+
+# Models a checkpoint may name, by the class path LightningCLI records (either spelling);
+# checkpoints without one hold a ViTClassifier.
+MODELS: dict[str, type[Classifier]] = {
+    f"{module}.{cls.__name__}": cls
+    for cls in (ViTClassifier, CNNClassifier)
+    for module in ("vit", "vit.classifier")
+}
 
 # Data modules a checkpoint may name, by the class path LightningCLI records.
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
@@ -23,7 +31,7 @@ def _public(hparams: dict) -> dict:
 
 def load_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[ViTClassifier, L.LightningDataModule | None]:
+) -> tuple[Classifier, L.LightningDataModule | None]:
     """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint.
 
     The file is read with `weights_only=True`: tensors and plain containers only. A checkpoint
@@ -41,7 +49,11 @@ def load_checkpoint(
         raise ValueError(f"{path} is not a readable checkpoint: {e}") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise ValueError(f"{path} is not a checkpoint written by vit-train")
-    model = ViTClassifier(**_public(ckpt["hyper_parameters"]))
+    hparams = ckpt["hyper_parameters"]
+    model_class = MODELS.get(hparams.get("_class_path", "vit.ViTClassifier"))
+    if model_class is None:
+        raise ValueError(f"{path} names an unknown model {hparams['_class_path']!r}")
+    model = model_class(**_public(hparams))
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     datamodule = None

@@ -1,4 +1,4 @@
-"""The Lightning module: a ViT, cross-entropy with label smoothing, AdamW, warm-up + cosine."""
+"""The Lightning modules: a ViT or a CNN baseline, trained the same way."""
 
 from __future__ import annotations
 
@@ -10,33 +10,20 @@ import torch.nn.functional as F
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.classification import MulticlassAccuracy
 
+from vit.cnn import BagCNN, ResNet
 from vit.model import PRESETS, build_vit, require
 
 
-class ViTClassifier(L.LightningModule):
-    """Train, validate and test a ViT image classifier.
+class Classifier(L.LightningModule):
+    """Image classification with any network: cross-entropy with label smoothing, accuracy
+    metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then cosine.
 
-    `num_classes`, `image_size` and `in_channels` come from the data module through the CLI.
-    `preset` names a size in `vit.model.PRESETS`; `dim`, `depth`, `heads` and `mlp_ratio`
-    override it when given.
+    Subclasses build `self.model` and pass these training settings through `**kwargs`.
     """
 
     def __init__(
         self,
         num_classes: int = 10,
-        image_size: int | tuple[int, int] = 32,
-        in_channels: int = 3,
-        preset: str = "cifar",
-        patch_size: int = 4,
-        dim: int | None = None,
-        depth: int | None = None,
-        heads: int | None = None,
-        mlp_ratio: float | None = None,
-        pos_embed: Literal["learned", "sincos", "none"] = "learned",
-        pool: Literal["cls", "mean"] = "cls",
-        dropout: float = 0.0,
-        drop_path: float = 0.0,
-        fused_attn: bool = True,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -45,31 +32,14 @@ class ViTClassifier(L.LightningModule):
         label_smoothing: float = 0.1,
     ):
         super().__init__()
-        if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         require(lr > 0, f"lr={lr} must be positive")
         require(weight_decay >= 0, f"weight_decay={weight_decay} must be >= 0")
         require(all(0 <= b < 1 for b in betas), f"betas={betas} must lie in [0, 1)")
         require(0 <= warmup_fraction < 1, f"warmup_fraction={warmup_fraction} must lie in [0, 1)")
         require(0 <= min_lr_fraction <= 1, f"min_lr_fraction={min_lr_fraction} must lie in [0, 1]")
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
+        # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
         self.save_hyperparameters()
-        self.model = build_vit(
-            preset,
-            num_classes=num_classes,
-            image_size=image_size,
-            patch_size=patch_size,
-            in_channels=in_channels,
-            dim=dim,
-            depth=depth,
-            heads=heads,
-            mlp_ratio=mlp_ratio,
-            pos_embed=pos_embed,
-            pool=pool,
-            dropout=dropout,
-            drop_path=drop_path,
-            fused_attn=fused_attn,
-        )
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -105,7 +75,7 @@ class ViTClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        skip = self.model.no_weight_decay()
+        skip = getattr(self.model, "no_weight_decay", set)()
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             if not p.requires_grad:
@@ -134,3 +104,79 @@ class ViTClassifier(L.LightningModule):
         else:
             scheduler = cosine
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class ViTClassifier(Classifier):
+    """Train, validate and test a ViT image classifier.
+
+    `num_classes`, `image_size` and `in_channels` come from the data module through the CLI.
+    `preset` names a size in `vit.model.PRESETS`; `dim`, `depth`, `heads` and `mlp_ratio`
+    override it when given. `attn_window` restricts attention to patches at most that many
+    patches away (a local-attention control; it needs `pool: mean`).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        image_size: int | tuple[int, int] = 32,
+        in_channels: int = 3,
+        preset: str = "cifar",
+        patch_size: int = 4,
+        dim: int | None = None,
+        depth: int | None = None,
+        heads: int | None = None,
+        mlp_ratio: float | None = None,
+        pos_embed: Literal["learned", "sincos", "none"] = "learned",
+        pool: Literal["cls", "mean"] = "cls",
+        attn_window: int | None = None,
+        dropout: float = 0.0,
+        drop_path: float = 0.0,
+        fused_attn: bool = True,
+        **kwargs,
+    ):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        super().__init__(num_classes, **kwargs)
+        self.model = build_vit(
+            preset,
+            num_classes=num_classes,
+            image_size=image_size,
+            patch_size=patch_size,
+            in_channels=in_channels,
+            dim=dim,
+            depth=depth,
+            heads=heads,
+            mlp_ratio=mlp_ratio,
+            pos_embed=pos_embed,
+            pool=pool,
+            attn_window=attn_window,
+            dropout=dropout,
+            drop_path=drop_path,
+            fused_attn=fused_attn,
+        )
+
+
+class CNNClassifier(Classifier):
+    """The convolutional baselines of `vit.cnn`: `arch: bag` (local features with a
+    `receptive_field`, then global average pooling) or `arch: resnet` (covers the image)."""
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        image_size: int | tuple[int, int] = 32,  # linked from the data; convolutions take any size
+        in_channels: int = 3,
+        arch: Literal["bag", "resnet"] = "bag",
+        receptive_field: int = 7,
+        width: int = 64,
+        padding: Literal["circular", "zeros", "valid"] = "circular",
+        **kwargs,
+    ):
+        super().__init__(num_classes, **kwargs)
+        if arch == "bag":
+            self.model = BagCNN(num_classes, in_channels, receptive_field, width, padding)
+        elif arch == "resnet":
+            self.model = ResNet(
+                num_classes, in_channels, widths=(width // 4, width // 2, width), padding=padding
+            )
+        else:
+            raise ValueError(f"arch must be 'bag' or 'resnet', got {arch!r}")

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vit.classifier import ViTClassifier
+from vit.classifier import Classifier
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
@@ -61,6 +61,18 @@ class CLIError(Exception):
     """A problem with the user's input, reported as one line without a traceback."""
 
 
+def short_message(message: str) -> str:
+    """jsonargparse's message on one line; for a class given by class_path, only the reason
+    that class rejected the value (not the list of every type it tried)."""
+    message = " ".join(message.split())
+    match = re.search(
+        r'Parser key "([^"]+)": Does not validate against any of the Union subtypes.*?'
+        r"Problem with given class_path '([^']+)': (.*?)(?: - Expected a <class 'NoneType'>.*)?$",
+        message,
+    )
+    return f"{match[1]} ({match[2]}): {match[3]}" if match else message
+
+
 class Parser(LightningArgumentParser):
     """Reports a bad option or value as one line instead of the whole usage text."""
 
@@ -69,7 +81,7 @@ class Parser(LightningArgumentParser):
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
-        sys.exit(f"error: {' '.join(message.split())} (options: {prog} --help)")
+        sys.exit(f"error: {short_message(message)} (options: {prog} --help)")
 
 
 class ViTCLI(LightningCLI):
@@ -90,6 +102,7 @@ class ViTCLI(LightningCLI):
                 "checkpoint.mode": "max",
                 "checkpoint.filename": "best",
                 "checkpoint.save_last": False,  # LastCheckpoint writes last.ckpt
+                "model": {"class_path": "vit.classifier.ViTClassifier"},
                 "trainer.logger": {
                     "class_path": "lightning.pytorch.loggers.CSVLogger",
                     "init_args": {"save_dir": "runs", "name": "vit"},
@@ -98,7 +111,7 @@ class ViTCLI(LightningCLI):
         )
         # Facts of the data set are stated once, by the data module.
         for key in ("num_classes", "image_size", "in_channels"):
-            parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
+            parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -143,8 +156,9 @@ class ViTCLI(LightningCLI):
 def run(args: list[str] | None = None) -> ViTCLI:
     """Parse `args` (default: the command line), build everything and run the subcommand."""
     return ViTCLI(
-        ViTClassifier,
+        Classifier,
         L.LightningDataModule,
+        subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
         auto_configure_optimizers=False,

@@ -49,6 +49,20 @@ def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) 
     return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1)
 
 
+def window_mask(grid: tuple[int, int], window: int) -> torch.Tensor:
+    """(1 + N, 1 + N) boolean mask, True where attention is allowed: patches within `window`
+    rows and columns of each other; the class token (index 0) only to itself."""
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    rows, cols = rows.flatten(), cols.flatten()
+    near = ((rows[:, None] - rows[None, :]).abs() <= window) & (
+        (cols[:, None] - cols[None, :]).abs() <= window
+    )
+    mask = torch.zeros(1 + len(rows), 1 + len(rows), dtype=torch.bool)
+    mask[0, 0] = True
+    mask[1:, 1:] = near
+    return mask
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drop the whole residual branch for a random subset of samples."""
 
@@ -162,6 +176,7 @@ class ViT(nn.Module):
         mlp_ratio: float = 4.0,
         pos_embed: Literal["learned", "sincos", "none"] = "learned",
         pool: Literal["cls", "mean"] = "cls",
+        attn_window: int | None = None,  # patches attend only within this Chebyshev distance
         dropout: float = 0.0,
         drop_path: float = 0.0,  # stochastic-depth rate of the last block, linear from 0
         fused_attn: bool = True,
@@ -197,6 +212,12 @@ class ViT(nn.Module):
             self.register_buffer("pos_embed", table[None], persistent=False)
         else:
             self.pos_embed = None
+        if attn_window is not None:
+            # The class token would carry global information, so it is cut off: a local model.
+            require(pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
+            require(attn_window >= 0, f"attn_window={attn_window} must be >= 0")
+        mask = None if attn_window is None else window_mask(self.grid_size, attn_window)
+        self.register_buffer("attn_mask", mask, persistent=False)
         self.drop = nn.Dropout(dropout)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout, rate, fused_attn) for rate in rates)
@@ -231,6 +252,8 @@ class ViT(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed
         x = self.drop(x)
+        if self.attn_mask is not None:
+            mask = self.attn_mask if mask is None else mask & self.attn_mask
         attention = []
         for block in self.blocks:
             x, weights = block(x, mask=mask, return_weights=return_attention)
