@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 TILE_INCHES = 1.3  # drawn size of one image tile
 PAD = 2  # pixels of white between tiles of a mosaic
@@ -97,17 +98,24 @@ def mosaic_figure(
     col_labels: list[str] | None = None,
     title: str | None = None,
     tile_titles: list[list[str]] | None = None,
+    box: tuple[int, int, int, int] | None = None,
+    boxed: np.ndarray | None = None,
 ) -> Figure:
     """A figure of a grid of RGB tiles (rows, cols, H, W, 3), labelled by row and column.
+
+    `box` = (top, left, height, width) in a tile's pixels outlines the same region (a query
+    patch) in every tile where the boolean grid `boxed` (rows, cols) is true (all by default).
 
     The margins are fixed in inches rather than found by a layout engine: drawing once instead
     of twice halves the time to save, which counts when a command writes one figure per image.
     """
     if tiles.shape[2] < 32:  # blow tiny tiles (4x4 filters) up so that gaps and captions fit
         factor = math.ceil(32 / tiles.shape[2])
+        box = None if box is None else tuple(v * factor for v in box)
         tiles = repeat(tiles, "r c h w rgb -> r c (h f1) (w f2) rgb", f1=factor, f2=factor)
     rows, cols, height, width = tiles.shape[:4]
-    caption = 0.18 if tile_titles else 0.0  # inches under each tile for its caption
+    lines = max((t.count("\n") + 1 for row in tile_titles or [] for t in row), default=0)
+    caption = 0.12 * lines + 0.04 * bool(lines)  # inches under each tile for its caption
     gap_below = PAD + round(caption * width / TILE_INCHES)
     tile_h = TILE_INCHES * (height + gap_below) / width
     left, top, bottom = (0.75 if row_labels else 0.1), 0.2 + 0.2 * bool(title) + 0.2 * bool(col_labels), 0.1
@@ -125,7 +133,12 @@ def mosaic_figure(
     ax.set_frame_on(False)
     for r, row in enumerate(tile_titles or []):
         for c, text in enumerate(row):
-            ax.text(step_x * c + width / 2, step_y * r + height, text, ha="center", va="top", fontsize=7)
+            ax.text(step_x * c + width / 2, step_y * r + height, text, ha="center", va="top", fontsize=6.5)
+    if box is not None:
+        top, left, box_h, box_w = box
+        for r, c in zip(*np.nonzero(np.ones((rows, cols), bool) if boxed is None else boxed), strict=True):
+            corner = (step_x * c + left - 0.5, step_y * r + top - 0.5)
+            ax.add_patch(Rectangle(corner, box_w, box_h, fill=False, edgecolor="cyan", linewidth=1.2))
     if title:
         fig.suptitle(title, fontsize=9, y=1 - 0.05 / size[1])
     return fig
@@ -139,10 +152,12 @@ def layers_heads_figure(
     title: str | None = None,
     cmap: str = "inferno",
     alpha: float = 0.6,
+    box: tuple[int, int, int, int] | None = None,
 ) -> Figure:
     """One image: a row per layer, the image then the mean over heads then each head.
 
-    `maps` is (layers, heads, grid_h, grid_w).
+    `maps` is (layers, heads, grid_h, grid_w); `box` (top, left, height, width) outlines a
+    region, such as the query patch, in every tile.
     """
     if len(heads) > 1:
         maps = torch.cat((maps.mean(dim=1, keepdim=True), maps), dim=1)
@@ -151,7 +166,9 @@ def layers_heads_figure(
     first[0, 0] = _to_rgb(image)
     cols = ["image", *(["mean of heads"] if len(heads) > 1 else []), *(f"head {h}" for h in heads)]
     tiles = np.concatenate((first, overlays), axis=1)
-    return mosaic_figure(tiles, [f"layer {i}" for i in layers], cols, title)
+    boxed = np.ones(tiles.shape[:2], bool)
+    boxed[1:, 0] = False  # blank tiles under the image
+    return mosaic_figure(tiles, [f"layer {i}" for i in layers], cols, title, box=box, boxed=boxed)
 
 
 def batch_figure(
@@ -162,8 +179,10 @@ def batch_figure(
     columns: int = 8,
     cmap: str = "inferno",
     alpha: float = 0.6,
+    box: tuple[int, int, int, int] | None = None,
 ) -> Figure:
-    """Many images in one figure, each with its map (B, grid_h, grid_w) over it, `columns` a row."""
+    """Many images in one figure, each with its map (B, grid_h, grid_w) over it, `columns` a row;
+    `box` (top, left, height, width) outlines a region, such as the query patch, in each."""
     overlays = np.stack(
         [overlay_rgb(x, m, cmap=cmap, alpha=alpha) for x, m in zip(images, maps, strict=True)]
     )
@@ -173,7 +192,8 @@ def batch_figure(
     tiles = rearrange(np.concatenate((overlays, blank)), "(r c) h w rgb -> r c h w rgb", c=columns)
     names = [*(titles or [""] * n), *[""] * (rows * columns - n)]
     grid = [names[r * columns : (r + 1) * columns] for r in range(rows)]
-    return mosaic_figure(tiles, title=title, tile_titles=grid if titles else None)
+    boxed = (np.arange(rows * columns) < n).reshape(rows, columns)
+    return mosaic_figure(tiles, title=title, tile_titles=grid if titles else None, box=box, boxed=boxed)
 
 
 def save_overlay_grid(
