@@ -39,7 +39,8 @@ def _to_rgb(image: torch.Tensor) -> np.ndarray:
     image = image.detach().float().cpu().numpy()
     image = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
     lo, hi = image.min(), image.max()
-    return rearrange((image - lo) / max(hi - lo, 1e-8), "c h w -> h w c")
+    shown = (image - lo) / (hi - lo) if hi - lo > 1e-8 else image.clip(0, 1)  # a flat image stays as is
+    return rearrange(shown, "c h w -> h w c")
 
 
 def _normalize(maps: np.ndarray) -> np.ndarray:
