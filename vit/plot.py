@@ -197,6 +197,21 @@ def batch_figure(
     return mosaic_figure(tiles, title=title, tile_titles=grid if titles else None, box=box, boxed=boxed)
 
 
+def overlay_grid_figure(
+    images: torch.Tensor,
+    maps: torch.Tensor,
+    row_titles: list[str] | None = None,
+    col_titles: list[str] | None = None,
+    title: str | None = None,
+    alpha: float = 0.6,
+) -> Figure:
+    """One row per image: the image, then one overlay per map. `maps` is (images, maps, gh, gw)."""
+    overlays = np.stack([overlay_rgb(x, m, alpha=alpha) for x, m in zip(images, maps, strict=True)])
+    plain = np.stack([_to_rgb(x) for x in images])[:, None]
+    tiles = np.concatenate((plain, overlays), axis=1)
+    return mosaic_figure(tiles, row_titles, ["image", *(col_titles or [])], title)
+
+
 def save_overlay_grid(
     images: torch.Tensor,
     maps: torch.Tensor,
@@ -205,11 +220,8 @@ def save_overlay_grid(
     col_titles: list[str] | None = None,
     alpha: float = 0.6,
 ) -> Path:
-    """One row per image: the image, then one overlay per map. `maps` is (images, maps, gh, gw)."""
-    overlays = np.stack([overlay_rgb(x, m, alpha=alpha) for x, m in zip(images, maps, strict=True)])
-    plain = np.stack([_to_rgb(x) for x in images])[:, None]
-    fig = mosaic_figure(np.concatenate((plain, overlays), axis=1), row_titles, ["image", *(col_titles or [])])
-    return save_figure(fig, path)
+    """`overlay_grid_figure` saved as PNG at `path`."""
+    return save_figure(overlay_grid_figure(images, maps, row_titles, col_titles, alpha=alpha), path)
 
 
 def mean_distance_figure(distances: torch.Tensor, image_size: tuple[int, int] | None = None) -> Figure:
