@@ -121,3 +121,20 @@ def test_mosaic_and_figures(tmp_path):
     )
     width, height = Image.open(path).size
     assert height > width  # 3 rows of 2
+
+
+def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp_path, monkeypatch):
+    import vit.visualize
+
+    saved = []
+
+    def save_then_fail(fig, path):
+        if saved:
+            raise OSError("disk full")
+        saved.append(save_figure(fig, path))
+        return saved[-1]
+
+    monkeypatch.setattr(vit.visualize, "save_figure", save_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "2")
+    assert saved and not saved[0].exists() and not (tmp_path / "out").exists()

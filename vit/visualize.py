@@ -240,13 +240,15 @@ def attention(
         figures.update(figure_7(model, batch, batch_size))
 
     out = Path(out)
-    written = []
+    existed, written = out.exists(), []
     try:
         for file_name, fig in figures.items():
             written.append(save_figure(fig, out / file_name))
     except BaseException:
         for path in written:  # leave nothing half-written
             path.unlink(missing_ok=True)
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
         raise
     seconds = time.perf_counter() - started
     print(f"wrote {len(written)} PNG files into {out} for {len(batch)} images in {seconds:.1f} s:")
