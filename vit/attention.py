@@ -89,6 +89,18 @@ def _device(model: ViT) -> torch.device:
     return next(model.parameters()).device
 
 
+def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):
+    """(weights of the chosen layers and heads, logits) for each chunk of `batch_size` images."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    layers, heads = select_layers(model, layers), select_heads(model, heads)
+    device = _device(model)
+    for chunk in images.split(batch_size):
+        with torch.no_grad(), _capture(model, layers, lambda w: w[:, heads].float()) as captured:
+            logits = model(chunk.to(device))
+        yield torch.stack([captured[i][0] for i in layers]), logits
+
+
 def iter_attention(
     model: ViT,
     images: torch.Tensor,
@@ -101,14 +113,8 @@ def iter_attention(
     Only the chosen layers run the explicit path and only the chosen heads are kept, so peak
     memory is one chunk's worth; statistics over many images can be accumulated chunk by chunk.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be at least 1")
-    layers, heads = select_layers(model, layers), select_heads(model, heads)
-    device = _device(model)
-    for chunk in images.split(batch_size):
-        with torch.no_grad(), _capture(model, layers, lambda w: w[:, heads].float()) as captured:
-            model.forward_features(chunk.to(device))
-        yield torch.stack([captured[i][0] for i in layers])
+    for weights, _ in _chunks(model, images, layers, heads, batch_size):
+        yield weights
 
 
 def attention_weights(
@@ -117,13 +123,17 @@ def attention_weights(
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
     batch_size: int = 64,
-) -> torch.Tensor:
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Weights of the chosen blocks (all by default), (layers, batch, heads, tokens, tokens), fp32.
 
     The model may normally run the fused path; only this call computes the weights, `batch_size`
     images at a time. Layers and heads are counted from 0; negative ones count from the end.
+    With `return_logits=True` the logits (batch, classes) of the same forward pass come too.
     """
-    return torch.cat(list(iter_attention(model, images, layers, heads, batch_size)), dim=1).cpu()
+    weights, logits = zip(*_chunks(model, images, layers, heads, batch_size), strict=True)
+    weights = torch.cat(weights, dim=1).cpu()
+    return (weights, torch.cat(logits).cpu()) if return_logits else weights
 
 
 def to_patch_grid(model: ViT, rows: torch.Tensor) -> torch.Tensor:

@@ -281,5 +281,5 @@ def embedding_filters_figure(components: torch.Tensor, explained: torch.Tensor, 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, pil_kwargs={"compress_level": 3})  # PNG is lossless at any level
+    fig.savefig(path, dpi=dpi, pil_kwargs={"compress_level": 1})  # PNG is lossless at any level
     return path

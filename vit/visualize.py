@@ -190,8 +190,11 @@ def attention(
         batch, labels = first_test_images(datamodule, num_images)
         captions = [f"test {i}" for i in range(len(batch))]
 
-    with torch.no_grad():
-        predicted = torch.cat([classifier(x).argmax(-1) for x in batch.split(batch_size)])
+    # the forward pass that gives the weights gives the predictions too (grad-rollout needs its
+    # own pass with gradients: one layer here is enough)
+    chosen = {"rollout": list(range(layers[-1] + 1)), "grad-rollout": layers[-1:]}.get(method, layers)
+    weights, logits = attention_weights(model, batch, chosen, heads, batch_size, return_logits=True)
+    predicted = logits.argmax(-1)
     for i, p in enumerate(predicted.tolist()):
         truth = "" if labels is None else f"true {names[labels[i]]}\n"
         captions[i] = f"{captions[i]}\n{truth}pred {names[p]}"
@@ -199,8 +202,7 @@ def attention(
     figures = {}  # file name -> figure, saved once everything is computed
     name = method.replace("-", "_")
     box = None  # the query patch, outlined in every tile
-    if method in ("cls", "query"):
-        weights = attention_weights(model, batch, layers, heads, batch_size)  # (L, B, H, T, T)
+    if method in ("cls", "query"):  # weights: (L, B, H, T, T)
         if method == "cls":
             maps = cls_attention_maps(model, weights)  # (L, B, H, gh, gw)
         else:
@@ -224,7 +226,6 @@ def attention(
                 )
     elif method == "rollout":
         last = layers[-1]  # rollout through this layer, the last by default
-        weights = attention_weights(model, batch, list(range(last + 1)), None, batch_size)
         rollout = attention_rollout(weights, head_fusion, discard_ratio, model.num_prefix_tokens)
         summary = cls_attention_maps(model, rollout)
         what = METHOD_NAMES[method].format(fusion=head_fusion, discard=discard_ratio)
