@@ -138,3 +138,39 @@ def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp
     with pytest.raises(OSError, match="disk full"):
         run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "2")
     assert saved and not saved[0].exists() and not (tmp_path / "out").exists()
+
+
+def test_a_non_square_model_without_a_data_module(tmp_path):
+    """The grid comes from the model: 16x24 images in 4-pixel patches make a 4x6 grid."""
+    from vit import ViTClassifier
+
+    model = ViTClassifier(num_classes=3, image_size=(16, 24), in_channels=3, preset="micro", patch_size=4)
+    ckpt = tmp_path / "wide.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
+    picture = tmp_path / "wide.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 50, 3), dtype=np.uint8)).save(picture)
+    out = tmp_path / "out"
+    run(
+        "--ckpt",
+        ckpt,
+        "--images",
+        picture,
+        "--out",
+        out,
+        "--method",
+        "query",
+        "--query-patch",
+        "3,5",
+        "--plots",
+    )
+    assert pngs(out) == {
+        "query_3_5.png", "query_3_5_000.png", "mean_attention_distance.png",
+        "pos_embed_similarity.png", "embedding_filters.png",
+    }  # fmt: skip
+    for options, message in (
+        (["--images", picture, "--method", "query", "--query-patch", "3,6"], "outside the 4x6 patch grid"),
+        ([], "names no data module to take test images from; give --images"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            run("--ckpt", ckpt, "--out", tmp_path / "bad", *options)
+    assert not (tmp_path / "bad").exists()

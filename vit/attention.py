@@ -190,9 +190,9 @@ def attention_rollout(
 
     Per layer: fuse the heads (mean, max or min), optionally discard the lowest weights, add the
     identity for the residual connection, divide every row by its sum (0.5 W + 0.5 I for the
-    mean without discarding); then multiply the
-    layers, later ones on the left: R = A_L ... A_2 A_1. Row i of R says how much of token i's
-    final representation flows from each input token.
+    mean without discarding); then multiply the layers, later ones on the left:
+    R = A_L ... A_2 A_1. Row i of R says how much of token i's final representation flows from
+    each input token.
     """
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")

@@ -158,7 +158,7 @@ def attention(
         discard_ratio: rollout drops this share of each row's lowest weights to patches.
         target: class that grad-rollout explains; default the predicted class.
         plots: also draw the mean attention distance, position-embedding similarity and
-            patch-embedding filter plots.
+            patch-embedding filter plots (a bare --plots means true).
         out: folder for the PNG files.
         batch_size: images per forward pass (bounds the memory the weights take).
         threads: PyTorch CPU threads; default PyTorch's choice.
