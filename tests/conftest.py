@@ -1,9 +1,55 @@
 from pathlib import Path
 
 import pytest
+import torch
+
+from vit import TwoCircles, ViTClassifier
 
 
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     """Where a test's training runs go; the tests check it stays absent after bad input."""
     return tmp_path / "runs"
+
+
+@pytest.fixture(scope="session")
+def trained() -> tuple[ViTClassifier, TwoCircles]:
+    """A micro ViT trained for a second or two on two circles (4x4 patches of 8 pixels), in eval
+    mode, and its data module with the train and test splits made."""
+    torch.manual_seed(0)
+    data = TwoCircles(num_train=512, num_val=64, num_test=64, batch_size=64)
+    data.setup("fit")
+    data.setup("test")
+    model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, preset="micro", patch_size=8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    images, labels = data.splits["train"].tensors
+    losses = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: thread hand-offs cost more than they save
+    for _ in range(4):
+        for x, y in zip(images.split(64), labels.split(64), strict=True):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    torch.set_num_threads(threads)
+    assert sum(losses[-8:]) < sum(losses[:8]), "the tiny model did not learn"
+    return model.eval(), data
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(trained, tmp_path_factory) -> Path:
+    """The trained model saved as vit-train saves it: weights, its hyperparameters and its data
+    module's (with the class path LightningCLI records)."""
+    model, data = trained
+    path = tmp_path_factory.mktemp("trained") / "tiny.ckpt"
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "datamodule_hyper_parameters": {**data.hparams, "_class_path": "vit.data.TwoCircles"},
+        },
+        path,
+    )
+    return path

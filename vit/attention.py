@@ -1,27 +1,300 @@
-"""Attention weights and maps from a trained ViT."""
+"""Attention weights of a trained ViT and the maps and statistics computed from them.
+
+- `attention_weights`: every block's weights (layers, batch, heads, tokens, tokens), in chunks,
+  for chosen layers and heads, even when the model runs the fused path (hooks for one call).
+- `cls_attention_maps`, `query_attention_maps`: one row of the weights laid out on the patch grid.
+- `attention_rollout`: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers".
+- `gradient_rollout`: Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability for
+  Interpreting Bi-Modal and Encoder-Decoder Transformers" (gradient-weighted attention, R += A R).
+- `mean_attention_distance`, `pos_embed_similarity`, `embedding_filter_components`: the three
+  panels of Figure 7 of the ViT paper (Dosovitskiy et al. 2021).
+
+The number of prefix tokens and the patch grid are read from the model, so non-square images
+and other token layouts work.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 
 from vit.model import ViT
 
+# How `attention_rollout` fuses the heads of one layer.
+HEAD_FUSIONS = {
+    "mean": lambda w: w.mean(dim=-3),
+    "max": lambda w: w.amax(dim=-3),
+    "min": lambda w: w.amin(dim=-3),
+}
 
-@torch.no_grad()
-def attention_weights(model: ViT, images: torch.Tensor) -> torch.Tensor:
-    """Weights of every block, (layers, batch, heads, tokens, tokens), from the explicit path.
 
-    The model may normally run the fused path; only this call computes the weights.
+def _resolve(index: int | Sequence[int] | None, size: int, what: str) -> list[int]:
+    """None -> all of range(size); an int or ints (negative counts from the end) -> checked list."""
+    if index is None:
+        return list(range(size))
+    indices = [index] if isinstance(index, int) else list(index)
+    for i in indices:
+        if not -size <= i < size:
+            raise ValueError(f"{what}={i} is out of range for a model with {size} {what}s")
+    return [i % size for i in indices]
+
+
+def select_layers(model: ViT, layers: int | Sequence[int] | None) -> list[int]:
+    return _resolve(layers, len(model.blocks), "layer")
+
+
+def select_heads(model: ViT, heads: int | Sequence[int] | None) -> list[int]:
+    return _resolve(heads, model.blocks[0].attn.heads, "head")
+
+
+@contextmanager
+def _capture(model: ViT, layers: list[int], keep: Callable[[torch.Tensor], torch.Tensor]):
+    """Within the `with` block, each chosen layer's attention module takes its explicit path and
+    appends `keep(weights)` of its weights (batch, heads, tokens, tokens) to the yielded dict's
+    list for that layer.
+
+    The hooks live for the `with` block only: no switch of the model is left flipped.
     """
-    _, weights = model.forward_features(images, return_attention=True)
-    return torch.stack(weights).float()
+    captured: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
+    handles = []
+
+    def ask_for_weights(module, args, kwargs):
+        return args, {**kwargs, "return_weights": True}
+
+    def store(i):
+        def hook(module, args, output):
+            weights = output[1]
+            if weights is None:
+                raise RuntimeError(f"block {i} returned no attention weights")
+            captured[i].append(keep(weights))
+
+        return hook
+
+    try:
+        for i in layers:
+            attn = model.blocks[i].attn
+            handles.append(attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
+            handles.append(attn.register_forward_hook(store(i)))
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _device(model: ViT) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):
+    """(weights of the chosen layers and heads, logits) for each chunk of `batch_size` images."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    layers, heads = select_layers(model, layers), select_heads(model, heads)
+    device = _device(model)
+    for chunk in images.split(batch_size):
+        with torch.no_grad(), _capture(model, layers, lambda w: w[:, heads].float()) as captured:
+            logits = model(chunk.to(device))
+        yield torch.stack([captured[i][0] for i in layers]), logits
+
+
+def iter_attention(
+    model: ViT,
+    images: torch.Tensor,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    batch_size: int = 64,
+) -> Iterator[torch.Tensor]:
+    """Attention weights chunk by chunk: (chosen layers, chunk, chosen heads, tokens, tokens).
+
+    Only the chosen layers run the explicit path and only the chosen heads are kept, so peak
+    memory is one chunk's worth; statistics over many images can be accumulated chunk by chunk.
+    """
+    for weights, _ in _chunks(model, images, layers, heads, batch_size):
+        yield weights
+
+
+def attention_weights(
+    model: ViT,
+    images: torch.Tensor,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    batch_size: int = 64,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Weights of the chosen blocks (all by default), (layers, batch, heads, tokens, tokens), fp32.
+
+    The model may normally run the fused path; only this call computes the weights, `batch_size`
+    images at a time. Layers and heads are counted from 0; negative ones count from the end.
+    With `return_logits=True` the logits (batch, classes) of the same forward pass come too.
+    """
+    weights, logits = zip(*_chunks(model, images, layers, heads, batch_size), strict=True)
+    weights = torch.cat(weights, dim=1).cpu()
+    return (weights, torch.cat(logits).cpu()) if return_logits else weights
+
+
+def to_patch_grid(model: ViT, rows: torch.Tensor) -> torch.Tensor:
+    """Rows over all tokens (..., tokens) -> the patch tokens' values on the grid (..., gh, gw)."""
+    patches = rows[..., model.num_prefix_tokens :]
+    return rearrange(patches, "... (gh gw) -> ... gh gw", gh=model.grid_size[0], gw=model.grid_size[1])
 
 
 def cls_attention_maps(model: ViT, weights: torch.Tensor) -> torch.Tensor:
     """Class-token attention to each patch, laid out on the patch grid: (..., grid_h, grid_w).
 
-    `weights` is (..., tokens, tokens), for example one layer (batch, heads, tokens, tokens).
+    `weights` is (..., tokens, tokens), for example one layer (batch, heads, tokens, tokens), all
+    layers (layers, batch, heads, tokens, tokens) or a rollout (batch, tokens, tokens).
     """
-    row = weights[..., 0, model.num_prefix_tokens :]  # what the class token looks at
-    return rearrange(row, "... (gh gw) -> ... gh gw", gh=model.grid_size[0])
+    return to_patch_grid(model, weights[..., 0, :])  # what the class token looks at
+
+
+def patch_token(model: ViT, patch: tuple[int, int]) -> int:
+    """Token index of the patch at (row, column) of the grid."""
+    (row, col), (grid_h, grid_w) = patch, model.grid_size
+    if not (0 <= row < grid_h and 0 <= col < grid_w):
+        raise ValueError(f"patch ({row}, {col}) is outside the {grid_h}x{grid_w} patch grid")
+    return model.num_prefix_tokens + row * grid_w + col
+
+
+def query_attention_maps(model: ViT, weights: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
+    """Where the patch at (row, column) looks, on the patch grid: (..., grid_h, grid_w)."""
+    return to_patch_grid(model, weights[..., patch_token(model, patch), :])
+
+
+def _row_normalize(a: torch.Tensor) -> torch.Tensor:
+    # rows are the queries: each must stay a distribution over keys (divide by ROW sums)
+    return a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def discard_lowest(fused: torch.Tensor, ratio: float, num_prefix_tokens: int = 1) -> torch.Tensor:
+    """Zero the lowest `ratio` of each row's weights to patch keys; weights to prefix-token keys
+    (the class-token column, including the class token's attention to itself) are never dropped."""
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"discard_ratio={ratio} must lie in [0, 1)")
+    patches = fused[..., num_prefix_tokens:]
+    k = int(patches.shape[-1] * ratio)
+    if k == 0:
+        return fused
+    lowest = patches.topk(k, dim=-1, largest=False).indices
+    dropped = patches.scatter(-1, lowest, 0.0)
+    return torch.cat((fused[..., :num_prefix_tokens], dropped), dim=-1)
+
+
+def attention_rollout(
+    weights: torch.Tensor, head_fusion: str = "mean", discard_ratio: float = 0.0, num_prefix_tokens: int = 1
+) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema 2020): (layers, batch, heads, T, T) -> (batch, T, T).
+
+    Per layer: fuse the heads (mean, max or min), optionally discard the lowest weights, add the
+    identity for the residual connection, divide every row by its sum (0.5 W + 0.5 I for the
+    mean without discarding); then multiply the layers, later ones on the left:
+    R = A_L ... A_2 A_1. Row i of R says how much of token i's final representation flows from
+    each input token.
+    """
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    tokens = weights.shape[-1]
+    eye = torch.eye(tokens, dtype=weights.dtype, device=weights.device)
+    rollout = eye.expand(weights.shape[1], tokens, tokens)
+    for layer in weights:  # (batch, heads, T, T), first layer first
+        fused = discard_lowest(HEAD_FUSIONS[head_fusion](layer), discard_ratio, num_prefix_tokens)
+        a = _row_normalize(fused + eye)  # the residual connection carries each token on
+        rollout = a @ rollout
+    return rollout
+
+
+def gradient_rollout(
+    model: ViT,
+    images: torch.Tensor,
+    targets: int | torch.Tensor | None = None,
+    batch_size: int = 64,
+) -> torch.Tensor:
+    """Class-specific gradient-weighted rollout (Chefer et al. 2021): (batch, T, T).
+
+    For each layer, A = mean over heads of (dScore/dA * A)^+, the positive part of gradient times
+    attention; from R = I, accumulate R <- R + A R, first layer first. `targets` is the class
+    to explain per image (an int for all, a tensor of one per image, None for the predicted one).
+    Row 0 is the class token's relevance map.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    layers = list(range(len(model.blocks)))
+    device = _device(model)
+    if isinstance(targets, int):
+        targets = torch.full((len(images),), targets)
+    results = []
+    for start in range(0, len(images), batch_size):
+        chunk = images[start : start + batch_size].to(device)
+        with torch.enable_grad(), _capture(model, layers, keep=lambda w: w) as captured:
+            logits = model(chunk)
+            if targets is None:
+                chosen = logits.argmax(-1)
+            else:
+                chosen = targets[start : start + batch_size].to(device)
+            num_classes = logits.shape[-1]
+            if ((chosen < 0) | (chosen >= num_classes)).any():
+                raise ValueError(f"target classes must lie in [0, {num_classes}), got {chosen.tolist()}")
+            score = logits.gather(1, chosen[:, None]).sum()  # images are independent: sum is fine
+            attn = [captured[i][0] for i in layers]
+            grads = torch.autograd.grad(score, attn)
+        tokens = attn[0].shape[-1]
+        relevance = torch.eye(tokens, device=device).expand(len(chunk), tokens, tokens)
+        for a, g in zip(attn, grads, strict=True):
+            cam = (g * a).detach().float().clamp(min=0).mean(dim=1)  # (B, T, T), heads averaged
+            relevance = relevance + cam @ relevance
+        results.append(relevance.cpu())
+    return torch.cat(results)
+
+
+def patch_distances(model: ViT) -> torch.Tensor:
+    """Distance in pixels between the centres of every two patches: (patches, patches)."""
+    grid_h, grid_w = model.grid_size
+    rows, cols = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+    centres = torch.stack((rows.flatten(), cols.flatten()), dim=-1).float() * model.patch_size
+    return torch.cdist(centres, centres)
+
+
+def mean_attention_distance(model: ViT, weights: torch.Tensor) -> torch.Tensor:
+    """The ViT paper's attention distance (Figure 7, right): (layers, batch, heads, T, T) ->
+    (layers, heads), in pixels.
+
+    For each patch query, the pixel distance to each patch key weighted by the attention to it
+    (renormalized over the patch keys: the class token has no position), then averaged over the
+    queries and the images. 0 when every patch attends only to itself.
+    """
+    prefix = model.num_prefix_tokens
+    patches = _row_normalize(weights[..., prefix:, prefix:])  # (L, B, H, N, N)
+    per_query = (patches * patch_distances(model).to(weights.device)).sum(-1)  # (L, B, H, N)
+    return per_query.mean(dim=(1, 3))
+
+
+def pos_embed_similarity(model: ViT) -> torch.Tensor:
+    """Cosine similarity of each patch's position embedding with every other's (Figure 7, centre):
+    (grid_h, grid_w, grid_h, grid_w); [r, c] is the tile of the patch at row r, column c."""
+    if model.pos_embed is None:
+        raise ValueError("the model has no position embeddings (pos_embed: none)")
+    table = model.pos_embed.detach().float()[0, model.num_prefix_tokens :]  # (patches, dim)
+    table = F.normalize(table, dim=-1)
+    grid_h, grid_w = model.grid_size
+    return rearrange(table @ table.T, "(h w) (h2 w2) -> h w h2 w2", h=grid_h, h2=grid_h, w=grid_w, w2=grid_w)
+
+
+def embedding_filter_components(model: ViT, k: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+    """Principal components of the patch-embedding filters (Figure 7, left).
+
+    Each of the `dim` rows of the patch projection is a filter over a (p1 p2 c) patch; the
+    principal directions of those filters are patch-shaped images. Returns the first `k`
+    components (k, channels, p, p) and the share of the variance each explains (k,).
+    """
+    linear = model.to_patch_embedding[-1]
+    filters = linear.weight.detach().float()  # (dim, p*p*c), input laid out as (p1 p2 c)
+    centred = filters - filters.mean(dim=0, keepdim=True)
+    _, s, vh = torch.linalg.svd(centred, full_matrices=False)
+    k = min(k, vh.shape[0])
+    explained = (s**2 / (s**2).sum())[:k]
+    p = model.patch_size
+    components = rearrange(vh[:k], "k (p1 p2 c) -> k c p1 p2", p1=p, p2=p)
+    return components, explained

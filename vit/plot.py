@@ -1,12 +1,25 @@
-"""Attention overlays drawn with matplotlib (no pyplot state: figures are made and saved)."""
+"""Attention overlays and the ViT paper's Figure 7, drawn with matplotlib.
+
+No pyplot state: every function makes a `matplotlib.figure.Figure` (which a notebook shows) and
+`save_figure` writes it as PNG. Grids of overlays are blended into one RGB mosaic with torch and
+drawn with a single `imshow`, so a figure of many maps costs about as much as a figure of one.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import matplotlib
+import numpy as np
 import torch
 import torch.nn.functional as F
+from einops import rearrange, repeat
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+TILE_INCHES = 1.3  # drawn size of one image tile
+PAD = 2  # pixels of white between tiles of a mosaic
 
 
 def to_display(image: torch.Tensor) -> torch.Tensor:
@@ -17,16 +30,186 @@ def to_display(image: torch.Tensor) -> torch.Tensor:
     return image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)
 
 
+# The compositing below is numpy: on a busy CPU, PyTorch's thread pool makes each of these tiny
+# operations cost milliseconds, numpy microseconds.
+
+
+def _to_rgb(image: torch.Tensor) -> np.ndarray:
+    """(C, H, W) -> (H, W, 3) in [0, 1]; one channel becomes grey, more than three keep three."""
+    image = image.detach().float().cpu().numpy()
+    image = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
+    lo, hi = image.min(), image.max()
+    shown = (image - lo) / (hi - lo) if hi - lo > 1e-8 else image.clip(0, 1)  # a flat image stays as is
+    return rearrange(shown, "c h w -> h w c")
+
+
+def _normalize(maps: np.ndarray) -> np.ndarray:
+    """Scale each map (..., h, w) to [0, 1] on its own, so every overlay uses the full colormap."""
+    lo = maps.min(axis=(-2, -1), keepdims=True)
+    hi = maps.max(axis=(-2, -1), keepdims=True)
+    return (maps - lo) / np.maximum(hi - lo, 1e-12)
+
+
+def _upsample(maps: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+    (height, width), (grid_h, grid_w) = size, maps.shape[-2:]
+    if mode == "nearest" and height % grid_h == 0 and width % grid_w == 0:  # every patch a block
+        return repeat(maps, "... gh gw -> ... (gh p1) (gw p2)", p1=height // grid_h, p2=width // grid_w)
+    flat = torch.from_numpy(maps.reshape(-1, 1, grid_h, grid_w))
+    return F.interpolate(flat, size=size, mode=mode).numpy().reshape(*maps.shape[:-2], height, width)
+
+
+def overlay_rgb(
+    image: torch.Tensor,
+    maps: torch.Tensor,
+    cmap: str = "inferno",
+    alpha: float = 0.6,
+    mode: str = "nearest",
+) -> np.ndarray:
+    """Blend patch maps (..., grid_h, grid_w) over `image` (C, H, W): (..., H, W, 3) in [0, 1].
+
+    Each map is scaled to [0, 1], upsampled to the image size (`mode` as in F.interpolate:
+    "nearest" keeps the patches visible, "bilinear" smooths), coloured with `cmap` and laid over
+    the image with opacity `alpha`.
+    """
+    maps = _normalize(maps.detach().float().cpu().numpy())
+    upsampled = _upsample(maps, tuple(image.shape[-2:]), mode).clip(0, 1)
+    colours = matplotlib.colormaps[cmap](upsampled)[..., :3]
+    return (1 - alpha) * _to_rgb(image) + alpha * colours
+
+
 def overlay(
     ax, image: torch.Tensor, patch_map: torch.Tensor, alpha: float = 0.6, cmap: str = "inferno"
 ) -> None:
-    """Draw `image` (C, H, W) with `patch_map` (grid_h, grid_w) upsampled over it."""
-    height, width = image.shape[-2:]
-    upsampled = F.interpolate(patch_map[None, None].float().cpu(), size=(height, width), mode="nearest")[0, 0]
-    ax.imshow(to_display(image), cmap="gray", vmin=0, vmax=1)
-    ax.imshow(upsampled, cmap=cmap, alpha=alpha)
+    """Draw `image` (C, H, W) with `patch_map` (grid_h, grid_w) upsampled over it on `ax`."""
+    ax.imshow(overlay_rgb(image, patch_map, cmap=cmap, alpha=alpha))
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def mosaic(tiles: np.ndarray, fill: float = 1.0, gap_below: int = PAD) -> np.ndarray:
+    """(rows, cols, H, W, ...) -> one image (rows (H + gap_below), cols (W + PAD), ...)."""
+    widths = [(0, 0), (0, 0), (0, gap_below), (0, PAD)] + [(0, 0)] * (tiles.ndim - 4)
+    padded = np.pad(tiles, widths, constant_values=fill)
+    return rearrange(padded, "r c h w ... -> (r h) (c w) ...")
+
+
+def mosaic_figure(
+    tiles: np.ndarray,
+    row_labels: list[str] | None = None,
+    col_labels: list[str] | None = None,
+    title: str | None = None,
+    tile_titles: list[list[str]] | None = None,
+    box: tuple[int, int, int, int] | None = None,
+    boxed: np.ndarray | None = None,
+) -> Figure:
+    """A figure of a grid of RGB tiles (rows, cols, H, W, 3), labelled by row and column.
+
+    `box` = (top, left, height, width) in a tile's pixels outlines the same region (a query
+    patch) in every tile where the boolean grid `boxed` (rows, cols) is true (all by default).
+
+    The margins are fixed in inches rather than found by a layout engine: drawing once instead
+    of twice halves the time to save, which counts when a command writes one figure per image.
+    """
+    if tiles.shape[2] < 32:  # blow tiny tiles (4x4 filters) up so that gaps and captions fit
+        factor = math.ceil(32 / tiles.shape[2])
+        box = None if box is None else tuple(v * factor for v in box)
+        tiles = repeat(tiles, "r c h w rgb -> r c (h f1) (w f2) rgb", f1=factor, f2=factor)
+    rows, cols, height, width = tiles.shape[:4]
+    lines = max((t.count("\n") + 1 for row in tile_titles or [] for t in row), default=0)
+    caption = 0.12 * lines + 0.04 * bool(lines)  # inches under each tile for its caption
+    gap_below = PAD + round(caption * width / TILE_INCHES)
+    tile_h = TILE_INCHES * (height + gap_below) / width
+    left, top, bottom = (0.75 if row_labels else 0.1), 0.2 + 0.2 * bool(title) + 0.2 * bool(col_labels), 0.1
+    size = (left + 0.1 + TILE_INCHES * cols, top + bottom + tile_h * rows)
+    fig = Figure(figsize=size)
+    ax = fig.add_axes(
+        (left / size[0], bottom / size[1], TILE_INCHES * cols / size[0], tile_h * rows / size[1])
+    )
+    ax.imshow(mosaic(tiles, gap_below=gap_below).clip(0, 1), interpolation="nearest", aspect="auto")
+    step_y, step_x = height + gap_below, width + PAD
+    ax.set_yticks([step_y * r + height / 2 for r in range(rows)], row_labels or [""] * rows, fontsize=8)
+    ax.set_xticks([step_x * (c + 0.5) for c in range(cols)], col_labels or [""] * cols, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    ax.set_frame_on(False)
+    for r, row in enumerate(tile_titles or []):
+        for c, text in enumerate(row):
+            ax.text(step_x * c + width / 2, step_y * r + height, text, ha="center", va="top", fontsize=6.5)
+    if box is not None:
+        top, left, box_h, box_w = box
+        for r, c in zip(*np.nonzero(np.ones((rows, cols), bool) if boxed is None else boxed), strict=True):
+            corner = (step_x * c + left - 0.5, step_y * r + top - 0.5)
+            ax.add_patch(Rectangle(corner, box_w, box_h, fill=False, edgecolor="cyan", linewidth=1.2))
+    if title:
+        fig.suptitle(title, fontsize=9, y=1 - 0.05 / size[1])
+    return fig
+
+
+def layers_heads_figure(
+    image: torch.Tensor,
+    maps: torch.Tensor,
+    layers: list[int],
+    heads: list[int],
+    title: str | None = None,
+    cmap: str = "inferno",
+    alpha: float = 0.6,
+    box: tuple[int, int, int, int] | None = None,
+) -> Figure:
+    """One image: a row per layer, the image then the mean over heads then each head.
+
+    `maps` is (layers, heads, grid_h, grid_w); `box` (top, left, height, width) outlines a
+    region, such as the query patch, in every tile.
+    """
+    if len(heads) > 1:
+        maps = torch.cat((maps.mean(dim=1, keepdim=True), maps), dim=1)
+    overlays = overlay_rgb(image, maps, cmap=cmap, alpha=alpha)  # (L, k, H, W, 3)
+    first = np.ones_like(overlays[:, :1])  # the image itself, in the first row only
+    first[0, 0] = _to_rgb(image)
+    cols = ["image", *(["mean of heads"] if len(heads) > 1 else []), *(f"head {h}" for h in heads)]
+    tiles = np.concatenate((first, overlays), axis=1)
+    boxed = np.ones(tiles.shape[:2], bool)
+    boxed[1:, 0] = False  # blank tiles under the image
+    return mosaic_figure(tiles, [f"layer {i}" for i in layers], cols, title, box=box, boxed=boxed)
+
+
+def batch_figure(
+    images: torch.Tensor,
+    maps: torch.Tensor,
+    titles: list[str] | None = None,
+    title: str | None = None,
+    columns: int = 8,
+    cmap: str = "inferno",
+    alpha: float = 0.6,
+    box: tuple[int, int, int, int] | None = None,
+) -> Figure:
+    """Many images in one figure, each with its map (B, grid_h, grid_w) over it, `columns` a row;
+    `box` (top, left, height, width) outlines a region, such as the query patch, in each."""
+    overlays = np.stack(
+        [overlay_rgb(x, m, cmap=cmap, alpha=alpha) for x, m in zip(images, maps, strict=True)]
+    )
+    n, columns = len(overlays), min(columns, len(overlays))
+    rows = math.ceil(n / columns)
+    blank = np.ones((rows * columns - n, *overlays.shape[1:]))
+    tiles = rearrange(np.concatenate((overlays, blank)), "(r c) h w rgb -> r c h w rgb", c=columns)
+    names = [*(titles or [""] * n), *[""] * (rows * columns - n)]
+    grid = [names[r * columns : (r + 1) * columns] for r in range(rows)]
+    boxed = (np.arange(rows * columns) < n).reshape(rows, columns)
+    return mosaic_figure(tiles, title=title, tile_titles=grid if titles else None, box=box, boxed=boxed)
+
+
+def overlay_grid_figure(
+    images: torch.Tensor,
+    maps: torch.Tensor,
+    row_titles: list[str] | None = None,
+    col_titles: list[str] | None = None,
+    title: str | None = None,
+    alpha: float = 0.6,
+) -> Figure:
+    """One row per image: the image, then one overlay per map. `maps` is (images, maps, gh, gw)."""
+    overlays = np.stack([overlay_rgb(x, m, alpha=alpha) for x, m in zip(images, maps, strict=True)])
+    plain = np.stack([_to_rgb(x) for x in images])[:, None]
+    tiles = np.concatenate((plain, overlays), axis=1)
+    return mosaic_figure(tiles, row_titles, ["image", *(col_titles or [])], title)
 
 
 def save_overlay_grid(
@@ -37,21 +220,66 @@ def save_overlay_grid(
     col_titles: list[str] | None = None,
     alpha: float = 0.6,
 ) -> Path:
-    """One row per image: the image, then one overlay per map. `maps` is (images, maps, gh, gw)."""
-    n, k = maps.shape[:2]
-    fig = Figure(figsize=(1.6 * (k + 1), 1.6 * n), layout="constrained")
-    axes = fig.subplots(n, k + 1, squeeze=False)
-    for i in range(n):
-        axes[i, 0].imshow(to_display(images[i]), cmap="gray", vmin=0, vmax=1)
-        axes[i, 0].set_xticks([])
-        axes[i, 0].set_yticks([])
-        if row_titles:
-            axes[i, 0].set_ylabel(row_titles[i], fontsize=8)
-        for j in range(k):
-            overlay(axes[i, j + 1], images[i], maps[i, j], alpha=alpha)
-    for j, title in enumerate(["image", *(col_titles or [])]):
-        axes[0, j].set_title(title, fontsize=8)
+    """`overlay_grid_figure` saved as PNG at `path`."""
+    return save_figure(overlay_grid_figure(images, maps, row_titles, col_titles, alpha=alpha), path)
+
+
+def mean_distance_figure(distances: torch.Tensor, image_size: tuple[int, int] | None = None) -> Figure:
+    """ViT paper Figure 7 (right): mean attention distance (pixels) of every head against depth.
+
+    `distances` is (layers, heads); each head is one dot, coloured by its index.
+    """
+    layers, heads = distances.shape
+    fig = Figure(figsize=(4.2, 3.4), layout="constrained")
+    ax = fig.subplots()
+    colours = matplotlib.colormaps["tab10"]
+    for h in range(heads):
+        ax.scatter(range(layers), distances[:, h].tolist(), s=18, color=colours(h % 10), label=f"head {h}")
+    ax.set_xlabel("network depth (layer)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(range(layers))
+    if image_size is not None:
+        ax.set_ylim(0, math.hypot(*image_size) / 2)  # half the diagonal: an easy scale to read
+    if heads <= 12:
+        ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+def pos_embed_similarity_figure(similarity: torch.Tensor) -> Figure:
+    """ViT paper Figure 7 (centre): tile (r, c) shows the cosine similarity of the position
+    embedding of the patch at row r, column c with every other patch's. `similarity` is
+    (grid_h, grid_w, grid_h, grid_w)."""
+    grid_h, grid_w = similarity.shape[:2]
+    picture = mosaic(similarity.detach().float().cpu().numpy(), fill=float("nan"))
+    fig = Figure(figsize=(0.9 + 0.45 * grid_w, 0.6 + 0.45 * grid_h), layout="constrained")
+    ax = fig.subplots()
+    shown = ax.imshow(picture, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    step_y, step_x = similarity.shape[2] + PAD, similarity.shape[3] + PAD
+    ax.set_xticks([step_x * (c + 0.5) for c in range(grid_w)], range(1, grid_w + 1), fontsize=7)
+    ax.set_yticks([step_y * (r + 0.5) for r in range(grid_h)], range(1, grid_h + 1), fontsize=7)
+    ax.set_xlabel("input patch column")
+    ax.set_ylabel("input patch row")
+    ax.tick_params(length=0)
+    fig.colorbar(shown, ax=ax, shrink=0.8, label="cosine similarity")
+    return fig
+
+
+def embedding_filters_figure(components: torch.Tensor, explained: torch.Tensor, columns: int = 7) -> Figure:
+    """ViT paper Figure 7 (left): principal components of the patch-embedding filters as tiles,
+    each scaled to [0, 1] on its own (RGB for 3 channels, grey for 1); titles give the share of
+    the filters' variance each explains. `components` is (k, channels, p, p)."""
+    tiles = np.stack([_to_rgb(c) for c in components])
+    n, columns = len(tiles), min(columns, len(tiles))
+    rows = math.ceil(n / columns)
+    tiles = np.concatenate((tiles, np.ones((rows * columns - n, *tiles.shape[1:]))))
+    names = [f"{100 * e:.1f}%" for e in explained.tolist()] + [""] * (rows * columns - n)
+    grid = [names[r * columns : (r + 1) * columns] for r in range(rows)]
+    tiles = rearrange(tiles, "(r c) h w rgb -> r c h w rgb", c=columns)
+    return mosaic_figure(tiles, title="principal components of the patch-embedding filters", tile_titles=grid)
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi, pil_kwargs={"compress_level": 1})  # PNG is lossless at any level
     return path

@@ -1,0 +1,199 @@
+"""Attention extraction, maps, rollout, gradient rollout and the Figure-7 statistics."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from vit.attention import (
+    attention_rollout,
+    attention_weights,
+    cls_attention_maps,
+    discard_lowest,
+    embedding_filter_components,
+    gradient_rollout,
+    mean_attention_distance,
+    pos_embed_similarity,
+    query_attention_maps,
+)
+from vit.model import build_vit
+
+
+def tiny_vit(image_size=(16, 24), channels=1, **kwargs):
+    torch.manual_seed(0)
+    model = build_vit(
+        "micro", num_classes=4, image_size=image_size, patch_size=4, in_channels=channels, **kwargs
+    )
+    return model.eval()
+
+
+def test_extraction_matches_the_explicit_path_in_chunks_and_leaves_the_model_fused():
+    model = tiny_vit()
+    images = torch.randn(5, 1, 16, 24)
+    _, reference = model.forward_features(images, return_attention=True)
+    reference = torch.stack(reference)  # (layers, batch, heads, T, T)
+    weights = attention_weights(model, images, batch_size=2)  # chunks of 2, 2 and 1
+    assert weights.shape == (2, 5, 2, 25, 25)
+    torch.testing.assert_close(weights, reference)
+    chosen = attention_weights(model, images, layers=-1, heads=[1], batch_size=3)
+    torch.testing.assert_close(chosen, reference[-1:, :, 1:2])
+    # no hook is left behind and the fused path is still what a plain call runs
+    for block in model.blocks:
+        assert block.attn.fused and not block.attn._forward_hooks and not block.attn._forward_pre_hooks
+    with pytest.raises(ValueError, match="layer=2 is out of range"):
+        attention_weights(model, images, layers=2)
+    with pytest.raises(ValueError, match="head=-3 is out of range"):
+        attention_weights(model, images, heads=-3)
+
+
+def test_maps_have_the_patch_grid_shape_for_non_square_images():
+    model = tiny_vit(image_size=(16, 24))  # a 4x6 grid of patches
+    images = torch.randn(3, 1, 16, 24)
+    weights = attention_weights(model, images)
+    assert cls_attention_maps(model, weights).shape == (2, 3, 2, 4, 6)
+    query = query_attention_maps(model, weights, (2, 5))
+    assert query.shape == (2, 3, 2, 4, 6)
+    # the patch at row 2, column 5 is token 1 + 2 * 6 + 5: its attention to itself sits at [2, 5]
+    torch.testing.assert_close(query[..., 2, 5], weights[..., 18, 18])
+    torch.testing.assert_close(cls_attention_maps(model, weights)[..., 3, 0], weights[..., 0, 19])
+    assert cls_attention_maps(model, attention_rollout(weights)).shape == (3, 4, 6)
+    assert cls_attention_maps(model, gradient_rollout(model, images)).shape == (3, 4, 6)
+    with pytest.raises(ValueError, match=r"patch \(4, 0\) is outside the 4x6 patch grid"):
+        query_attention_maps(model, weights, (4, 0))
+
+
+def test_rollout_equals_the_hand_computed_product():
+    # two layers, two heads, two tokens; (weights + identity) / row sums, then A2 @ A1
+    layer1 = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])
+    layer2 = torch.tensor([[[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]])
+    weights = torch.stack((layer1, layer2))[:, None]  # (layers, batch=1, heads, T, T)
+    # mean: A1 = [[.75, .25], [.25, .75]], A2 = [[1, 0], [.25, .75]]
+    expected = torch.tensor([[0.75, 0.25], [0.375, 0.625]])
+    torch.testing.assert_close(attention_rollout(weights)[0], expected)
+    # max: A1 = [[2, 1], [1, 2]] / 3, A2 = [[1, 0], [1/3, 2/3]]
+    expected_max = torch.tensor([[2 / 3, 1 / 3], [4 / 9, 5 / 9]])
+    torch.testing.assert_close(attention_rollout(weights, head_fusion="max")[0], expected_max)
+    # min: the fused layers are 0 and [[1, 0], [0, 0]]; plus I and row-normalized both are I
+    expected_min = torch.eye(2)
+    torch.testing.assert_close(attention_rollout(weights, head_fusion="min")[0], expected_min)
+
+
+@pytest.mark.parametrize("head_fusion", ["mean", "max", "min"])
+@pytest.mark.parametrize("discard_ratio", [0.0, 0.5, 0.9])
+def test_rollout_rows_sum_to_one(head_fusion, discard_ratio):
+    torch.manual_seed(0)
+    weights = torch.randn(4, 3, 2, 10, 10).softmax(-1)
+    rollout = attention_rollout(weights, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    assert rollout.shape == (3, 10, 10) and (rollout >= 0).all()
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(3, 10))
+
+
+def test_discard_drops_the_lowest_weights_but_never_the_class_token_entries():
+    torch.manual_seed(0)
+    fused = torch.rand(2, 9, 9) + 0.1
+    fused[..., 0] = 0.01  # the class-token column is the lowest of every row: first to go if unguarded
+    kept = discard_lowest(fused, ratio=0.5)
+    torch.testing.assert_close(kept[..., 0], fused[..., 0])  # includes the class token's own entry
+    dropped = kept[..., 1:] == 0
+    assert (dropped.sum(-1) == 4).all()  # int(8 patches * 0.5) per row
+    # what was dropped is no larger than anything that was kept
+    patches = fused[..., 1:]
+    largest_dropped = patches.masked_fill(~dropped, -1).amax(-1)
+    smallest_kept = patches.masked_fill(dropped, 2).amin(-1)
+    assert (largest_dropped < smallest_kept).all()
+    torch.testing.assert_close(kept[..., 1:][~dropped], patches[~dropped])
+    with pytest.raises(ValueError, match="discard_ratio"):
+        discard_lowest(fused, ratio=1.0)
+
+
+def reference_gradient_rollout(model, images, target):
+    """Chefer et al. written out with the model's own return_attention path and retain_grad."""
+    with torch.enable_grad():
+        tokens, attention = model.forward_features(images, return_attention=True)
+        for a in attention:
+            a.retain_grad()
+        model.forward_head(tokens)[:, target].sum().backward()
+    model.zero_grad()
+    relevance = torch.eye(attention[0].shape[-1]).expand(len(images), -1, -1)
+    for a in attention:
+        cam = (a.grad * a).clamp(min=0).mean(1)
+        relevance = relevance + cam @ relevance
+    return relevance.detach()
+
+
+def test_gradient_rollout_follows_chefer_and_differs_between_classes(trained):
+    classifier, datamodule = trained
+    model = classifier.model
+    images, labels = datamodule.splits["test"].tensors
+    images = images[:16]
+    by_class = [gradient_rollout(model, images, targets=c, batch_size=5) for c in range(2)]
+    for c, relevance in enumerate(by_class):
+        torch.testing.assert_close(
+            relevance, reference_gradient_rollout(model, images, c), atol=1e-5, rtol=1e-4
+        )
+        assert (relevance - torch.eye(relevance.shape[-1]) >= -1e-6).all()  # only positive parts added
+    maps = [cls_attention_maps(model, r) for r in by_class]
+    differences = (maps[0] - maps[1]).abs().amax(dim=(-2, -1))  # per image
+    assert (differences > 1e-4 * maps[0].abs().amax(dim=(-2, -1))).all()
+    # None explains the predicted class: equal to asking for it by number
+    predicted = model(images).argmax(-1)
+    torch.testing.assert_close(gradient_rollout(model, images), gradient_rollout(model, images, predicted))
+
+
+def test_mean_attention_distance_is_zero_for_identity_and_known_for_uniform():
+    model = tiny_vit(image_size=(8, 8))  # a 2x2 grid of 4-pixel patches
+    tokens = 5
+    identity = torch.eye(tokens).expand(2, 3, 2, tokens, tokens)  # (layers, batch, heads, T, T)
+    torch.testing.assert_close(mean_attention_distance(model, identity), torch.zeros(2, 2))
+    uniform = torch.full((2, 3, 2, tokens, tokens), 1 / tokens)
+    # by hand: each patch is 0 from itself, 4 from two neighbours and 4 sqrt(2) from the diagonal
+    expected = (0 + 4 + 4 + 4 * math.sqrt(2)) / 4
+    torch.testing.assert_close(mean_attention_distance(model, uniform), torch.full((2, 2), expected))
+
+
+def test_mean_attention_distance_of_uniform_attention_on_a_non_square_grid():
+    model = tiny_vit(image_size=(12, 20))  # 3x5 patches of 4 pixels
+    cells = list(itertools.product(range(3), range(5)))
+    brute_force = sum(4 * math.dist(a, b) for a in cells for b in cells) / len(cells) ** 2
+    tokens = 1 + len(cells)
+    uniform = torch.full((1, 1, 2, tokens, tokens), 1 / tokens)
+    torch.testing.assert_close(mean_attention_distance(model, uniform), torch.full((1, 2), brute_force))
+    # attending only to the patch to the right (or left on the last column) is 4 pixels away
+    neighbour = torch.zeros(tokens, tokens)
+    for i, (r, c) in enumerate(cells):
+        neighbour[1 + i, 1 + r * 5 + (c + 1 if c < 4 else c - 1)] = 1.0
+    neighbour[0, 0] = 1.0
+    torch.testing.assert_close(
+        mean_attention_distance(model, neighbour[None, None, None]), torch.tensor([[4.0]])
+    )
+
+
+def test_position_embedding_similarity():
+    model = tiny_vit(image_size=(16, 24), pos_embed="sincos")
+    similarity = pos_embed_similarity(model)
+    assert similarity.shape == (4, 6, 4, 6)
+    flat = similarity.reshape(24, 24)
+    torch.testing.assert_close(flat.diagonal(), torch.ones(24))
+    torch.testing.assert_close(flat, flat.T)
+    # sin-cos embeddings: the next patch is more alike than the far corner
+    assert similarity[0, 0, 0, 1] > similarity[0, 0, 3, 5]
+    with pytest.raises(ValueError, match="no position embeddings"):
+        pos_embed_similarity(tiny_vit(pos_embed="none"))
+
+
+def test_embedding_filter_components_follow_the_patch_layout():
+    model = tiny_vit(image_size=(8, 8), channels=3)
+    linear = model.to_patch_embedding[-1]  # input laid out (p1 p2 c), p = 4, c = 3
+    with torch.no_grad():
+        linear.weight.zero_()
+        pixel = (1 * 4 + 2) * 3 + 0  # row 1, column 2, channel 0
+        linear.weight[:, pixel] = torch.randn(linear.weight.shape[0]) * 5
+        linear.weight.add_(torch.randn_like(linear.weight) * 0.01)
+    components, explained = embedding_filter_components(model, k=5)
+    assert components.shape == (5, 3, 4, 4)
+    first = components[0].abs()
+    assert torch.nonzero(first == first.max()).tolist() == [[0, 1, 2]]  # channel 0, row 1, column 2
+    assert explained[0] > 0.9 and (explained[:-1] >= explained[1:]).all() and explained.sum() <= 1 + 1e-6
+    flat = components.flatten(1)
+    torch.testing.assert_close(flat @ flat.T, torch.eye(5), atol=1e-5, rtol=0)

@@ -1,0 +1,176 @@
+"""`vit-attention` and the drawing functions, on a tiny trained model."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
+from vit.visualize import main, shell_style
+
+PNG = b"\x89PNG"
+
+
+def run(*args: str) -> None:
+    main([str(a) for a in args])
+
+
+def pngs(folder) -> set[str]:
+    found = {p.name for p in folder.iterdir()}
+    assert all((folder / name).read_bytes()[:4] == PNG for name in found)
+    return found
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ([], {"cls.png", *(f"cls_{i:03d}.png" for i in range(3))}),
+        (["--layer", "-1", "--head", "1"], {"cls.png"}),
+        (
+            ["--method", "query", "--query-patch", "1,2", "--layer", "0"],  # one layer, both heads
+            {"query_1_2.png", *(f"query_1_2_{i:03d}.png" for i in range(3))},
+        ),
+        (["--method", "rollout", "--discard_ratio", "0.5", "--head_fusion", "max"], {"rollout.png"}),
+        (["--method", "grad-rollout", "--target", "2"], {"grad_rollout.png"}),
+        (
+            ["--method", "rollout", "--plots"],
+            {
+                "rollout.png",
+                "mean_attention_distance.png",
+                "pos_embed_similarity.png",
+                "embedding_filters.png",
+            },
+        ),
+    ],
+)
+def test_methods_write_their_figures(trained_checkpoint, tmp_path, capsys, options, expected):
+    run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "3", *options)
+    assert pngs(tmp_path / "out") == expected
+    assert f"wrote {len(expected)} PNG files" in capsys.readouterr().out
+
+
+def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path):
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name, size in (("a.png", (32, 32)), ("b.jpg", (48, 64))):
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    extra = tmp_path / "c.png"
+    Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8)).save(extra)
+    run("--ckpt", trained_checkpoint, "--images", folder, extra, "--out", tmp_path / "out", "--layer", "-1")
+    assert pngs(tmp_path / "out") == {"cls.png", "cls_000.png", "cls_001.png", "cls_002.png"}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            ["--method", "gradcam"],
+            "unknown method 'gradcam'; choose one of cls, query, rollout, grad-rollout",
+        ),
+        (["--layer", "2"], "layer=2 is out of range for a model with 2 layers"),
+        (["--head", "-3"], "head=-3 is out of range for a model with 2 heads"),
+        (["--method", "query", "--query-patch", "4,0"], "patch (4, 0) is outside the 4x4 patch grid"),
+        (["--method", "query"], "--method query needs --query-patch"),
+        (["--query-patch", "1,1"], "--method query needs --query-patch"),
+        (["--images", "missing.png"], "image not found: missing.png"),
+        (["--target", "7"], "target=7 is not a class of this model"),
+        (["--discard_ratio", "1.5"], "discard_ratio=1.5 must lie in [0, 1)"),
+        (["--layer", "last"], 'Parser key "layer"'),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, options, message):
+    with pytest.raises(SystemExit) as exit:
+        run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", *options)
+    assert isinstance(exit.value.code, str) and exit.value.code.startswith("error: ")
+    assert message in exit.value.code and "\n" not in exit.value.code
+    assert not (tmp_path / "out").exists()
+
+
+def test_shell_style_arguments():
+    assert shell_style(["--query-patch", "1,2", "--plots", "--images", "a.png", "b", "--layer", "-1"]) == [
+        "--query_patch", "[1,2]", "--plots", "true", "--images", '["a.png", "b"]', "--layer", "-1",
+    ]  # fmt: skip
+    assert shell_style(["--plots", "false", "--method", "grad-rollout"]) == [
+        "--plots", "false", "--method", "grad-rollout",
+    ]  # fmt: skip
+
+
+def test_overlay_colours_the_hot_patch_and_keeps_the_image_size():
+    image = torch.zeros(1, 8, 12)
+    patch_map = torch.zeros(2, 3)
+    patch_map[1, 2] = 5.0  # the bottom-right 4x4 block
+    rgb = overlay_rgb(image, patch_map, cmap="gray", alpha=1.0)
+    assert rgb.shape == (8, 12, 3)
+    assert np.allclose(rgb[4:, 8:], 1.0) and np.allclose(rgb[:4], 0.0) and np.allclose(rgb[:, :8], 0.0)
+    half = overlay_rgb(torch.ones(3, 8, 12), patch_map, cmap="gray", alpha=0.5)
+    assert np.allclose(half[0, 0], 0.5) and np.allclose(half[7, 11], 1.0)
+
+
+def test_mosaic_and_figures(tmp_path):
+    tiles = np.zeros((2, 3, 4, 5, 3))
+    assert mosaic(tiles).shape == (2 * (4 + 2), 3 * (5 + 2), 3)
+    image, maps = torch.rand(3, 16, 24), torch.rand(2, 3, 4, 6)  # 2 layers, 3 heads, 4x6 grid
+    fig = layers_heads_figure(image, maps, [0, 1], [0, 1, 2], title="t", box=(4, 8, 4, 4))
+    path = save_figure(fig, tmp_path / "deep" / "one.png")
+    width, height = Image.open(path).size
+    assert width > height  # 5 columns (image, mean, 3 heads) by 2 rows
+    path = save_figure(
+        batch_figure(torch.rand(5, 1, 16, 24), torch.rand(5, 4, 6), ["a"] * 5, columns=2), tmp_path / "b.png"
+    )
+    width, height = Image.open(path).size
+    assert height > width  # 3 rows of 2
+
+
+def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp_path, monkeypatch):
+    import vit.visualize
+
+    saved = []
+
+    def save_then_fail(fig, path):
+        if saved:
+            raise OSError("disk full")
+        saved.append(save_figure(fig, path))
+        return saved[-1]
+
+    monkeypatch.setattr(vit.visualize, "save_figure", save_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "2")
+    assert saved and not saved[0].exists() and not (tmp_path / "out").exists()
+
+
+def test_a_non_square_model_without_a_data_module(tmp_path):
+    """The grid comes from the model: 16x24 images in 4-pixel patches make a 4x6 grid."""
+    from vit import ViTClassifier
+
+    model = ViTClassifier(num_classes=3, image_size=(16, 24), in_channels=3, preset="micro", patch_size=4)
+    ckpt = tmp_path / "wide.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
+    picture = tmp_path / "wide.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 50, 3), dtype=np.uint8)).save(picture)
+    out = tmp_path / "out"
+    run(
+        "--ckpt",
+        ckpt,
+        "--images",
+        picture,
+        "--out",
+        out,
+        "--method",
+        "query",
+        "--query-patch",
+        "3,5",
+        "--plots",
+    )
+    assert pngs(out) == {
+        "query_3_5.png", "query_3_5_000.png", "mean_attention_distance.png",
+        "pos_embed_similarity.png", "embedding_filters.png",
+    }  # fmt: skip
+    for options, message in (
+        (["--images", picture, "--method", "query", "--query-patch", "3,6"], "outside the 4x6 patch grid"),
+        ([], "names no data module to take test images from; give --images"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            run("--ckpt", ckpt, "--out", tmp_path / "bad", *options)
+    assert not (tmp_path / "bad").exists()
