@@ -33,7 +33,7 @@ def tiny_args(runs: Path, *extra: str, name: str = "tiny") -> list[str]:
     ]
 
 
-def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_train(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python train.py ARGS` in a subprocess, as a user runs it."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(

@@ -5,8 +5,9 @@ import pytest
 import torch
 from PIL import Image
 
+from vit import CNNClassifier
 from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
-from vit.visualize import main, shell_style
+from vit.visualize import attention, main, shell_style
 
 PNG = b"\x89PNG"
 
@@ -174,3 +175,13 @@ def test_a_non_square_model_without_a_data_module(tmp_path):
         with pytest.raises(SystemExit, match=message):
             run("--ckpt", ckpt, "--out", tmp_path / "bad", *options)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_cnn_checkpoint_is_refused(tmp_path):
+    model = CNNClassifier(num_classes=4, in_channels=1, receptive_field=3, width=4)
+    path = tmp_path / "cnn.ckpt"
+    hparams = {**model.hparams, "_class_path": "vit.classifier.CNNClassifier"}
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams}, path)
+    with pytest.raises(ValueError, match="holds a BagCNN, not a ViT"):
+        attention(ckpt=path, images=[tmp_path], out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -170,6 +170,8 @@ def attention(
             raise ValueError(f"threads={threads} must be at least 1")
         torch.set_num_threads(threads)
     classifier, datamodule = load_checkpoint(ckpt)
+    if not isinstance(classifier.model, ViT):
+        raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT: it has no attention")
     model: ViT = classifier.model
     layers = select_layers(model, layer)
     heads = select_heads(model, head)
