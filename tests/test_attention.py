@@ -8,6 +8,7 @@ import torch
 
 from vit.attention import (
     attention_rollout,
+    attention_share,
     attention_weights,
     cls_attention_maps,
     discard_lowest,
@@ -17,6 +18,7 @@ from vit.attention import (
     pos_embed_similarity,
     query_attention_maps,
 )
+from vit.data import circle_patch_masks
 from vit.model import build_vit
 
 
@@ -197,3 +199,22 @@ def test_embedding_filter_components_follow_the_patch_layout():
     assert explained[0] > 0.9 and (explained[:-1] >= explained[1:]).all() and explained.sum() <= 1 + 1e-6
     flat = components.flatten(1)
     torch.testing.assert_close(flat @ flat.T, torch.eye(5), atol=1e-5, rtol=0)
+
+
+def test_attention_share_against_hand_made_weights():
+    # 1 layer, 1 image, 1 head, class token + 4 patches; patch 0 (token 1) looks only at patch 3
+    weights = torch.zeros(1, 1, 1, 5, 5)
+    weights[..., :, 0] = 1.0
+    weights[0, 0, 0, 1] = torch.tensor([0.0, 0.2, 0.0, 0.0, 0.8])
+    queries = torch.tensor([[True, False, False, False]])
+    keys = torch.tensor([[False, False, False, True]])
+    share, chance = attention_share(weights, queries, keys)
+    assert share.shape == (1, 1) and share.item() == pytest.approx(0.8)
+    assert chance.item() == pytest.approx(1 / 5)
+
+
+def test_circle_patch_masks_follow_the_circles_round_the_edge():
+    centres = torch.tensor([[[4.0, 4.0], [31.5, 16.0]]])  # the second straddles the right edge
+    masks = circle_patch_masks(centres, image_size=32, radius=2.5, patch_size=8).reshape(1, 2, 4, 4)
+    assert masks[0, 0].nonzero().tolist() == [[0, 0]]
+    assert sorted(masks[0, 1].nonzero().tolist()) == [[1, 0], [1, 3], [2, 0], [2, 3]]

@@ -298,3 +298,22 @@ def embedding_filter_components(model: ViT, k: int = 28) -> tuple[torch.Tensor, 
     p = model.patch_size
     components = rearrange(vh[:k], "k (p1 p2 c) -> k c p1 p2", p1=p, p2=p)
     return components, explained
+
+
+def attention_share(
+    weights: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, num_prefix_tokens: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How much attention patches put on other patches, against chance.
+
+    `weights` (layers, batch, heads, T, T); `queries` and `keys` (batch, patches) boolean masks,
+    for example the patches of one circle and of the other. Returns, per layer and head, the mean
+    over images and query patches of the attention mass on the key patches (layers, heads), and
+    the mass that uniform attention over all T tokens would put there (a scalar: the chance level).
+    """
+    prefix = num_prefix_tokens
+    on_keys = (weights[..., prefix:, prefix:] * keys[None, :, None, None, :]).sum(-1)  # (L, B, H, N)
+    q = queries[None, :, None, :].float()
+    per_image = (on_keys * q).sum(-1) / q.sum(-1).clamp_min(1)  # (L, B, H)
+    used = queries.any(dim=-1)  # images with at least one query patch
+    chance = (keys.sum(-1).float() / weights.shape[-1])[used].mean()
+    return per_image[:, used].mean(dim=1), chance

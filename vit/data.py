@@ -206,3 +206,20 @@ class TwoCircles(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_name)
+
+
+def circle_patch_masks(
+    centres: torch.Tensor, image_size: int, radius: float, patch_size: int, wrap: bool = True
+) -> torch.Tensor:
+    """Which patches each circle inks: (n, 2 circles, patches) boolean, patches in row-major order.
+
+    `centres` is (n, 2, 2) as returned by `make_two_circles` (x, y pixels).
+    """
+    coords = torch.arange(image_size, dtype=torch.float32) + 0.5
+    period = float(image_size) if wrap else None
+    dx = torus_delta(centres[..., 0, None, None], coords[None, None, None, :], period)
+    dy = torus_delta(centres[..., 1, None, None], coords[None, None, :, None], period)
+    inked = (dx**2 + dy**2).sqrt() < radius + 0.5  # (n, 2, H, W): any coverage at all
+    grid = image_size // patch_size
+    patches = inked.reshape(*inked.shape[:2], grid, patch_size, grid, patch_size).any(dim=(3, 5))
+    return patches.flatten(2)
