@@ -1,0 +1,169 @@
+"""Two circles, done scientifically: a ViT against bags of local features and controls.
+
+    python benchmarks/two_circles.py --out benchmarks/two_circles          # the full comparison
+    python benchmarks/two_circles.py --steps 20 --seeds 1 --out /tmp/quick  # a smoke run
+
+Every model trains for the same number of steps on the same images (one data set per seed) and
+is tested on the in-distribution test split and on the `far` split (separations beyond the
+training range). Writes `results.json`, `table.md`, `accuracy_vs_separation.png` and
+`accuracy_vs_receptive_field.png` into `--out`.
+
+Predictions, stated before running (see benchmarks/README.md for what happened):
+1. A bag of local features (3x3 convolutions, then global average pooling, circular padding)
+   is near chance while its receptive field is smaller than the gap between the circles, and
+   improves as the field grows past it.
+2. The ViT with position embeddings relates the circles at any separation in one layer.
+3. The ViT without position embeddings sees a bag of patches and stays at chance.
+4. The ViT whose attention is restricted to neighbouring patches (window 1, mean pooling) fails
+   where the circles are further apart than the window can bridge in its depth.
+5. A ResNet whose receptive field covers the image can succeed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from matplotlib.figure import Figure
+
+from vit import CNNClassifier, TwoCircles, ViTClassifier
+from vit.classifier import Classifier
+from vit.data import torus_delta
+from vit.model import num_params
+
+
+def models(fields: list[int], cnn_width: int) -> dict[str, dict]:
+    """Name -> (class, keyword arguments). Parameter counts are reported side by side: a bag CNN
+    with as many parameters as the ViT would need about 256 channels at full resolution, which
+    costs far more compute per image than this 2-core CPU can give every run."""
+    vit = dict(num_classes=4, image_size=32, in_channels=1, preset="mini", patch_size=4, lr=2e-3)
+    cnn = dict(num_classes=4, in_channels=1, width=cnn_width, lr=2e-3)
+    specs = {
+        "ViT": (ViTClassifier, vit),
+        "ViT, no position embeddings": (ViTClassifier, vit | dict(pos_embed="none")),
+        "ViT, attention window 1": (ViTClassifier, vit | dict(attn_window=1, pool="mean")),
+        "ResNet": (CNNClassifier, cnn | dict(arch="resnet")),
+    }
+    for q in fields:
+        specs[f"bag CNN, field {q}"] = (CNNClassifier, cnn | dict(receptive_field=q))
+    return {name: {"class": cls, "kwargs": kwargs} for name, (cls, kwargs) in specs.items()}
+
+
+@torch.no_grad()
+def correct_by_image(model: Classifier, data: TwoCircles, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per test image: whether the model is right, and the circles' separation in pixels."""
+    model.eval()
+    images, labels = data._split(split).tensors
+    predicted = torch.cat([model(x).argmax(-1) for x in images.split(512)])
+    centres = data.centres[split]
+    period = float(data.hparams.image_size) if data.hparams.wrap else None
+    return predicted == labels, torus_delta(centres[:, 0], centres[:, 1], period).norm(dim=-1)
+
+
+def run(args: argparse.Namespace) -> dict:
+    specs = models(args.fields, args.cnn_width)
+    results: dict[str, dict] = {}
+    for seed in range(args.seeds):
+        data = TwoCircles(num_train=args.num_train, num_val=500, num_test=args.num_test, seed=seed)
+        for name, spec in specs.items():
+            L.seed_everything(seed, verbose=False)
+            model = spec["class"](**spec["kwargs"])
+            trainer = L.Trainer(
+                max_steps=args.steps, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0,
+            )  # fmt: skip
+            started = time.perf_counter()
+            trainer.fit(model, data)
+            seconds = time.perf_counter() - started
+            entry = results.setdefault(name, {"params": num_params(model), "runs": []})
+            run_result = {"seed": seed, "train_seconds": round(seconds, 1)}
+            for split in ("test", "far"):
+                correct, separation = correct_by_image(model, data, split)
+                run_result[split] = {"accuracy": correct.float().mean().item()}
+                run_result[split]["by_separation"] = by_separation(correct, separation)
+            entry["runs"].append(run_result)
+            print(f"seed {seed} {name}: test {run_result['test']['accuracy']:.3f}, "
+                  f"far {run_result['far']['accuracy']:.3f} ({seconds:.0f} s)", flush=True)  # fmt: skip
+    return results
+
+
+def by_separation(correct: torch.Tensor, separation: torch.Tensor) -> dict[str, float]:
+    """Accuracy per 1-pixel bin of separation."""
+    bins = separation.floor().long()
+    return {str(b): correct[bins == b].float().mean().item() for b in bins.unique().tolist()}
+
+
+def summary(values: list[float]) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} +- {spread:.3f}"
+
+
+def write_table(results: dict, path: Path, args: argparse.Namespace) -> None:
+    lines = [
+        f"{args.steps} steps of 128 images, {args.num_train} training images, {args.seeds} seeds "
+        "(mean +- standard deviation over seeds); chance is 0.25.",
+        "",
+        "| model | parameters | in distribution | far separations |",
+        "|---|---|---|---|",
+    ]
+    for name, entry in results.items():
+        test = summary([r["test"]["accuracy"] for r in entry["runs"]])
+        far = summary([r["far"]["accuracy"] for r in entry["runs"]])
+        lines.append(f"| {name} | {entry['params'] / 1e3:.0f} k | {test} | {far} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(results: dict, out: Path, fields: list[int]) -> None:
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    for name, entry in results.items():
+        curves = [r["test"]["by_separation"] | r["far"]["by_separation"] for r in entry["runs"]]
+        keys = sorted({int(k) for c in curves for k in c})
+        means = [statistics.mean(c[str(k)] for c in curves if str(k) in c) for k in keys]
+        ax.plot(keys, means, marker="o", label=name)
+    ax.axhline(0.25, color="gray", linestyle=":", label="chance")
+    ax.set(xlabel="separation of the centres (pixels; beyond the training range on the right)",
+           ylabel="test accuracy")  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.savefig(out / "accuracy_vs_separation.png", dpi=120)
+
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    ax = fig.subplots()
+    accs = [[r["test"]["accuracy"] for r in results[f"bag CNN, field {q}"]["runs"]] for q in fields]
+    ax.errorbar(
+        fields, [statistics.mean(a) for a in accs], yerr=[statistics.pstdev(a) for a in accs], marker="o"
+    )
+    ax.axhline(0.25, color="gray", linestyle=":")
+    ax.set(xlabel="receptive field of the bag CNN (pixels)", ylabel="test accuracy (in distribution)")
+    fig.savefig(out / "accuracy_vs_receptive_field.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per model")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--num_train", type=int, default=20000)
+    parser.add_argument("--num_test", type=int, default=2000)
+    parser.add_argument(
+        "--fields", type=int, nargs="+", default=[3, 5, 9, 15], help="bag CNN receptive fields"
+    )
+    parser.add_argument("--cnn_width", type=int, default=48, help="channels of the CNNs")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = run(args)
+    (args.out / "results.json").write_text(
+        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1)
+    )
+    write_table(results, args.out / "table.md", args)
+    plot(results, args.out, args.fields)
+    print((args.out / "table.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
