@@ -91,8 +91,9 @@ class FeedForward(nn.Sequential):
 class Attention(nn.Module):
     """Multi-head self-attention: softmax(Q K^T / sqrt(d_head)) V, heads concatenated, projected.
 
-    `fused=True` runs `F.scaled_dot_product_attention` (fast, no weights), except for bf16 on CPU
-    where the explicit computation below is faster; `fused=False` always runs the explicit one.
+    `fused=True` runs `F.scaled_dot_product_attention` (fast, no weights), except when training
+    in bf16 on CPU, where the explicit computation below is faster; `fused=False` always runs the
+    explicit one.
     `forward(..., return_weights=True)` takes the explicit path for that call only and returns
     the weights (batch, heads, tokens, tokens).
 
@@ -119,10 +120,12 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
         weights = None
-        # On CPU in bf16 the explicit path trains 1.8x faster than SDPA's flash kernel for ViT-sized
-        # sequences (benchmarks/README.md); in fp32 and on GPU SDPA is as fast or faster.
-        slow_sdpa = q.dtype == torch.bfloat16 and q.device.type == "cpu"
-        if self.fused and not return_weights and not slow_sdpa:
+        # On CPU in bf16 the explicit path trains 1.8x faster than SDPA's flash kernel (its backward
+        # is slow) for ViT-sized sequences (benchmarks/README.md); in fp32, in inference and on GPU
+        # SDPA is as fast or faster.
+        slow_sdpa = q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled()
+        fused = self.fused and not return_weights
+        if fused and not slow_sdpa:
             p = self.dropout if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
@@ -136,7 +139,7 @@ class Attention(nn.Module):
             weights = scores.float().softmax(dim=-1).to(v.dtype)
             out = self.attn_drop(weights) @ v
         out = rearrange(out, "b h n d -> b n (h d)")
-        return self.proj_drop(self.proj(out)), weights
+        return self.proj_drop(self.proj(out)), None if fused else weights
 
 
 class Block(nn.Module):
