@@ -183,3 +183,5 @@ def test_bf16_on_cpu_takes_the_explicit_path_and_matches_sdpa():
     (grad_ours,) = torch.autograd.grad(ours.float().sum(), x)
     (grad_sdpa,) = torch.autograd.grad(sdpa.float().sum(), x)
     torch.testing.assert_close(grad_ours, grad_sdpa, atol=3e-2, rtol=3e-2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # inference: SDPA itself
+        torch.testing.assert_close(attn(x)[0], sdpa.detach(), atol=0, rtol=0)
