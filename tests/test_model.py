@@ -1,5 +1,7 @@
 import pytest
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from vit.model import PRESETS, Attention, ViT, build_vit
@@ -165,3 +167,21 @@ def test_attention_window_limits_how_far_information_travels():
 def test_attention_window_needs_mean_pooling():
     with pytest.raises(ValueError, match="pool='mean'"):
         build_vit("micro", num_classes=2, image_size=16, patch_size=4, attn_window=1)
+
+
+def test_bf16_on_cpu_takes_the_explicit_path_and_matches_sdpa():
+    """Training in bf16 on CPU, a fused Attention runs the explicit path (faster there); it must
+    still give SDPA's answer, forward and backward."""
+    torch.manual_seed(0)
+    attn = Attention(dim=32, heads=4)
+    x = torch.randn(3, 10, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, _ = attn(x)
+        q, k, v = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=4)
+        sdpa = attn.proj(rearrange(F.scaled_dot_product_attention(q, k, v), "b h n d -> b n (h d)"))
+    torch.testing.assert_close(ours, sdpa, atol=3e-2, rtol=3e-2)
+    (grad_ours,) = torch.autograd.grad(ours.float().sum(), x)
+    (grad_sdpa,) = torch.autograd.grad(sdpa.float().sum(), x)
+    torch.testing.assert_close(grad_ours, grad_sdpa, atol=3e-2, rtol=3e-2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # inference: SDPA itself
+        torch.testing.assert_close(attn(x)[0], sdpa.detach(), atol=0, rtol=0)

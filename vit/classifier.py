@@ -7,11 +7,30 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.cnn import BagCNN, ResNet
 from vit.model import PRESETS, build_vit, require
+
+
+def adamw(
+    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)
+) -> torch.optim.AdamW:
+    """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`."""
+    skip = getattr(model, "no_weight_decay", set)()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        # biases and norm weights are 1-D; embeddings and the class token are named
+        (no_decay if p.ndim < 2 or name in skip else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=betas,
+    )
 
 
 class Classifier(L.LightningModule):
@@ -75,21 +94,7 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        skip = getattr(self.model, "no_weight_decay", set)()
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            # biases and norm weights are 1-D; embeddings and the class token are named
-            (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": hp.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=hp.lr,
-            betas=hp.betas,
-        )
+        optimizer = adamw(self.model, lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = min(max(int(total * hp.warmup_fraction), 1), total - 1) if total > 1 else 0
         cosine = CosineAnnealingLR(

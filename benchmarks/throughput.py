@@ -1,0 +1,220 @@
+"""Training and inference throughput of our ViT against timm's and vit-pytorch's, same config.
+
+    python benchmarks/throughput.py                # the README table (CPU here, CUDA when present)
+    python benchmarks/throughput.py --rounds 3     # shorter
+
+One training step = forward, cross-entropy, backward, AdamW step. Systems run interleaved after a
+warm-up, for several rounds; we report medians. Training FLOPs per image come from
+`torch.utils.flop_counter.FlopCounterMode` (matmuls only, as usual); the peak is a
+large square matmul in the same precision, measured in the same run.
+Peers: `pip install -e ".[bench]"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from vit.classifier import adamw
+from vit.model import build_vit
+
+# The issue's configuration: CIFAR-sized images, a ViT-Ti-wide model of 6 blocks.
+CONFIG = dict(image_size=32, patch_size=4, dim=192, depth=6, heads=3, mlp_ratio=4.0, num_classes=10)
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_ours(cfg: dict) -> nn.Module:
+    return build_vit("cifar", **cfg)
+
+
+def build_timm(cfg: dict) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        img_size=cfg["image_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
+        embed_dim=cfg["dim"], depth=cfg["depth"], num_heads=cfg["heads"], mlp_ratio=cfg["mlp_ratio"],
+    )  # fmt: skip
+
+
+def build_vit_pytorch(cfg: dict) -> nn.Module:
+    from vit_pytorch import ViT
+
+    return ViT(
+        image_size=cfg["image_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
+        dim=cfg["dim"], depth=cfg["depth"], heads=cfg["heads"], dim_head=cfg["dim"] // cfg["heads"],
+        mlp_dim=int(cfg["dim"] * cfg["mlp_ratio"]),
+    )  # fmt: skip
+
+
+BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
+    "ours": build_ours,
+    "timm": build_timm,
+    "vit-pytorch": build_vit_pytorch,
+}
+
+
+def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
+    """Ours uses the optimizer of `ViTClassifier`; the peers torch's default AdamW, as their users would."""
+    if name == "ours":
+        return adamw(model, lr=1e-3, weight_decay=0.05)
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+
+class System:
+    """One model with its optimizer and a fixed batch on one device, in one precision."""
+
+    def __init__(self, name: str, cfg: dict, batch: int, dtype: torch.dtype, device: torch.device):
+        torch.manual_seed(0)
+        self.name, self.dtype, self.device = name, dtype, device
+        self.model = BUILDERS[name](cfg).to(device)
+        self.optimizer = make_optimizer(name, self.model)
+        size = cfg["image_size"]
+        self.x = torch.randn(batch, 3, size, size, device=device)
+        self.y = torch.randint(cfg["num_classes"], (batch,), device=device)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    def train_step(self) -> None:
+        self.model.train()
+        with self.autocast():
+            loss = F.cross_entropy(self.model(self.x), self.y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.inference_mode()
+    def infer_step(self) -> None:
+        self.model.eval()
+        with self.autocast():
+            self.model(self.x)
+
+    def train_flops(self) -> int:
+        """FLOPs of one training step (forward + backward; the optimizer's are negligible)."""
+        # The math backend spells attention out as matmuls, which the counter sees; it does not
+        # count the CPU flash kernel, so systems on SDPA would look cheaper than they are.
+        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+            with self.autocast():
+                loss = F.cross_entropy(self.model(self.x), self.y)
+            loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        return counter.get_total_flops()
+
+
+def seconds_per_call(fn: Callable[[], None], calls: int, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+def gemm_peak(
+    dtype: torch.dtype, device: torch.device, n: int = 2048, calls: int = 3, rounds: int = 5
+) -> float:
+    """FLOP/s of the fastest of several rounds of n x n x n matmuls in `dtype`: the machine's
+    dense-math ceiling in that precision."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    seconds_per_call(lambda: a @ b, 2, device)
+    fastest = min(seconds_per_call(lambda: a @ b, calls, device) for _ in range(rounds))
+    return 2 * n**3 / fastest
+
+
+def measure(names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG) -> dict[str, dict]:
+    """Median images/s (training and inference), FLOPs and FLOP/s per system, interleaved rounds."""
+    dtype = PRECISIONS[precision]
+    systems = [System(name, cfg, batch, dtype, device) for name in names]
+    for system in systems:
+        for _ in range(warmup):
+            system.train_step()
+            system.infer_step()
+    train = {s.name: [] for s in systems}
+    infer = {s.name: [] for s in systems}
+    for _ in range(rounds):
+        for system in systems:
+            train[system.name].append(seconds_per_call(system.train_step, steps, device))
+            infer[system.name].append(seconds_per_call(system.infer_step, steps, device))
+    results = {}
+    for system in systems:
+        flops = system.train_flops() / batch
+        train_ips = batch / statistics.median(train[system.name])
+        results[system.name] = dict(
+            train_ips=train_ips,
+            infer_ips=batch / statistics.median(infer[system.name]),
+            flops=flops,
+            flops_per_s=flops * train_ips,
+        )
+    return results
+
+
+def table(precision: str, results: dict[str, dict], peak: float) -> str:
+    names = list(results)
+    peers = [n for n in names if n != "ours"]
+    head = f"{'system':<12} {'train img/s':>11} {'infer img/s':>11} {'GFLOP/img':>9} {'GFLOP/s':>8}"
+    head += f" {'of peak':>7}"
+    head += "".join(f" {'vs ' + p:>14}" for p in peers)
+    lines = [f"{precision}: GEMM peak {peak / 1e9:.0f} GFLOP/s", head]
+    for name, r in results.items():
+        row = (
+            f"{name:<12} {r['train_ips']:>11.1f} {r['infer_ips']:>11.1f} {r['flops'] / 1e9:>9.3f} "
+            f"{r['flops_per_s'] / 1e9:>8.1f} {r['flops_per_s'] / peak:>7.1%}"
+        )
+        row += "".join(f" {r['train_ips'] / results[p]['train_ips']:>13.2f}x" for p in peers)
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def hardware(device: torch.device) -> str:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    return f"{name}; {torch.get_num_threads()} threads; torch {torch.__version__}; device {device.type}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", nargs="+", default=list(BUILDERS), choices=list(BUILDERS))
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3, help="training and inference steps per system")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; medians are reported")
+    parser.add_argument("--steps", type=int, default=3, help="steps per system per round")
+    args = parser.parse_args(argv)
+    device = pick_device()
+    print(hardware(device))
+    print(f"config {CONFIG}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps")
+    for precision in args.precisions:
+        peak = gemm_peak(PRECISIONS[precision], device)
+        results = measure(args.systems, precision, args.batch, args.warmup, args.rounds, args.steps, device)
+        print()
+        print(table(precision, results, peak))
+
+
+if __name__ == "__main__":
+    main()
