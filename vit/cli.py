@@ -73,15 +73,22 @@ def short_message(message: str) -> str:
     return f"{match[1]} ({match[2]}): {match[3]}" if match else message
 
 
-class Parser(LightningArgumentParser):
-    """Reports a bad option or value as one line instead of the whole usage text."""
+class OneLineErrors:
+    """Mixin for a jsonargparse parser: a bad option or value is reported as one line instead
+    of the whole usage text."""
+
+    help_command: str | None = None  # the command the hint names; default: the parser's prog
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:  # jsonargparse probing alternatives: let it handle this
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
+        prog = self.help_command or parser.prog.replace(" [options]", "")
         sys.exit(f"error: {short_message(message)} (options: {prog} --help)")
+
+
+class Parser(OneLineErrors, LightningArgumentParser):
+    """vit-train's parser."""
 
 
 class ViTCLI(LightningCLI):

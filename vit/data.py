@@ -24,6 +24,17 @@ def torus_delta(a: torch.Tensor, b: torch.Tensor, period: float | None) -> torch
     return torch.remainder(b - a + period / 2, period) - period / 2
 
 
+def pixel_offsets(
+    points: torch.Tensor, image_size: int, period: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Offsets from `points` (..., 2) as (x, y) pixels to every pixel centre of the image:
+    dx (..., 1, W) and dy (..., H, 1), the shortest way round when `period` is given."""
+    coords = torch.arange(image_size, dtype=torch.float32) + 0.5
+    dx = torus_delta(points[..., 0, None, None], coords[None, :], period)
+    dy = torus_delta(points[..., 1, None, None], coords[:, None], period)
+    return dx, dy
+
+
 def make_two_circles(
     n: int,
     image_size: int = 32,
@@ -73,17 +84,14 @@ def make_two_circles(
         raise ValueError(f"midpoints must be 'all', 'inside' or 'outside', got {midpoints!r}")
     centres = torch.remainder(torch.stack((mid - offset / 2, mid + offset / 2), dim=1), size)
 
-    coords = torch.arange(image_size, dtype=torch.float32) + 0.5
     period = size if wrap else None
-    dx = torus_delta(centres[..., 0, None, None], coords[None, None, None, :], period)  # (n, 2, 1, W)
-    dy = torus_delta(centres[..., 1, None, None], coords[None, None, :, None], period)  # (n, 2, H, 1)
+    dx, dy = pixel_offsets(centres, image_size, period)  # (n, 2, 1, W), (n, 2, H, 1)
     # Coverage of each pixel by a circle, linear over one pixel at the edge (anti-aliasing).
     ink = (radius + 0.5 - (dx**2 + dy**2).sqrt()).clamp(0, 1).amax(dim=1, keepdim=True)
     if max_distractors:
         count = torch.randint(0, max_distractors + 1, (n, 1), generator=g)
         where = torch.rand(n, max_distractors, 2, generator=g) * size
-        dx = torus_delta(where[..., 0, None, None], coords[None, None, None, :], period)
-        dy = torus_delta(where[..., 1, None, None], coords[None, None, :, None], period)
+        dx, dy = pixel_offsets(where, image_size, period)
         box = torch.maximum(dx.abs(), dy.abs())  # Chebyshev distance: squares
         outline = (radius + 0.5 - box).clamp(0, 1) - (radius - 0.5 - box).clamp(0, 1)
         active = (torch.arange(max_distractors) < count)[..., None, None]  # (n, k, 1, 1)
@@ -215,10 +223,7 @@ def circle_patch_masks(
 
     `centres` is (n, 2, 2) as returned by `make_two_circles` (x, y pixels).
     """
-    coords = torch.arange(image_size, dtype=torch.float32) + 0.5
-    period = float(image_size) if wrap else None
-    dx = torus_delta(centres[..., 0, None, None], coords[None, None, None, :], period)
-    dy = torus_delta(centres[..., 1, None, None], coords[None, None, :, None], period)
+    dx, dy = pixel_offsets(centres, image_size, float(image_size) if wrap else None)
     inked = (dx**2 + dy**2).sqrt() < radius + 0.5  # (n, 2, H, W): any coverage at all
     grid = image_size // patch_size
     patches = inked.reshape(*inked.shape[:2], grid, patch_size, grid, patch_size).any(dim=(3, 5))

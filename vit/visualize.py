@@ -35,6 +35,7 @@ from vit.attention import (
     select_layers,
 )
 from vit.checkpoint import load_checkpoint
+from vit.cli import OneLineErrors
 from vit.model import ViT
 from vit.plot import (
     batch_figure,
@@ -277,13 +278,10 @@ def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
     return figures
 
 
-class OneLineParser(ArgumentParser):
-    """Reports a bad option or value in one line instead of the whole usage text."""
+class OneLineParser(OneLineErrors, ArgumentParser):
+    """vit-attention's parser: one-line errors, as vit-train's."""
 
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error:  # jsonargparse probing alternatives: let it handle this
-            return super().error(message, ex)
-        sys.exit(f"error: {' '.join(str(message).split())} (options: vit-attention --help)")
+    help_command = "vit-attention"
 
 
 def shell_style(args: list[str]) -> list[str]:
