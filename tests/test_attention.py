@@ -186,7 +186,7 @@ def test_position_embedding_similarity():
 
 def test_embedding_filter_components_follow_the_patch_layout():
     model = tiny_vit(image_size=(8, 8), channels=3)
-    linear = model.to_patch_embedding[-1]  # input laid out (p1 p2 c), p = 4, c = 3
+    linear = model.patch_proj  # input laid out (p1 p2 c), p = 4, c = 3
     with torch.no_grad():
         linear.weight.zero_()
         pixel = (1 * 4 + 2) * 3 + 0  # row 1, column 2, channel 0

@@ -24,6 +24,7 @@ def test_two_circles_comparison_smoke(tmp_path):
     for name in (
         "ViT",
         "ViT, no position embeddings",
+        "ViT, attention window 0",
         "ViT, attention window 1",
         "ResNet",
         "bag CNN, field 3",

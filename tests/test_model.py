@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from vit.model import PRESETS, Attention, ViT, build_vit
+from vit.model import PRESETS, Attention, ViT, build_vit, sincos_2d
 
 
 def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -97,7 +97,12 @@ def test_gradients_reach_every_parameter(fused):
 
 @pytest.mark.parametrize(
     "image_size, channels, pool, pos_embed",
-    [(16, 3, "cls", "learned"), ((16, 24), 1, "mean", "sincos"), ((24, 8), 3, "cls", "none")],
+    [
+        (16, 3, "cls", "learned"),
+        ((16, 24), 1, "mean", "sincos"),
+        ((24, 8), 3, "cls", "none"),
+        ((16, 24), 1, "cls", "periodic"),
+    ],
 )
 def test_output_shapes(image_size, channels, pool, pos_embed):
     model = build_vit(
@@ -114,6 +119,34 @@ def test_output_shapes(image_size, channels, pool, pos_embed):
     logits = model(x)
     assert logits.shape == (2, 5) and torch.isfinite(logits).all()
     torch.testing.assert_close(model.forward_head(tokens), logits)
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_periodic_position_table_wraps_around(periodic):
+    """With `periodic`, the similarity of two positions depends only on their offset around the
+    torus: shifting both by one column (wrapping at the edge) changes nothing. The plain sin-cos
+    table does not wrap."""
+    grid_h, grid_w = 4, 6
+    table = sincos_2d(grid_h, grid_w, 32, periodic=periodic).view(grid_h, grid_w, 32)
+    similarity = torch.einsum("ijd,kld->ijkl", table, table)
+    shifted = similarity.roll(shifts=(1, 1), dims=(1, 3))  # both positions one column on
+    assert torch.allclose(similarity, shifted, atol=1e-4) == periodic
+    shifted = similarity.roll(shifts=(1, 1), dims=(0, 2))  # both one row on
+    assert torch.allclose(similarity, shifted, atol=1e-4) == periodic
+
+
+def test_patch_norm_makes_the_model_blind_to_pixel_scale():
+    """LayerNorm before and after the patch projection: scaling the pixels leaves the output
+    unchanged; without it, the output changes."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 16, 16) + 0.1
+    for patch_norm in (True, False):
+        model = build_vit(
+            "micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, patch_norm=patch_norm
+        ).eval()
+        close = torch.allclose(model(x), model(5 * x), atol=1e-4)
+        assert close == patch_norm
+        assert model.patch_proj.in_features == 16
 
 
 def test_image_size_not_divisible_by_patch_size():

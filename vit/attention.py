@@ -289,7 +289,7 @@ def embedding_filter_components(model: ViT, k: int = 28) -> tuple[torch.Tensor, 
     principal directions of those filters are patch-shaped images. Returns the first `k`
     components (k, channels, p, p) and the share of the variance each explains (k,).
     """
-    linear = model.to_patch_embedding[-1]
+    linear = model.patch_proj
     filters = linear.weight.detach().float()  # (dim, p*p*c), input laid out as (p1 p2 c)
     centred = filters - filters.mean(dim=0, keepdim=True)
     _, s, vh = torch.linalg.svd(centred, full_matrices=False)

@@ -131,12 +131,13 @@ class ViTClassifier(Classifier):
         depth: int | None = None,
         heads: int | None = None,
         mlp_ratio: float | None = None,
-        pos_embed: Literal["learned", "sincos", "none"] = "learned",
+        pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
         pool: Literal["cls", "mean"] = "cls",
         attn_window: int | None = None,
         dropout: float = 0.0,
         drop_path: float = 0.0,
         fused_attn: bool = True,
+        patch_norm: bool = False,
         **kwargs,
     ):
         if preset not in PRESETS:
@@ -158,6 +159,7 @@ class ViTClassifier(Classifier):
             dropout=dropout,
             drop_path=drop_path,
             fused_attn=fused_attn,
+            patch_norm=patch_norm,
         )
 
 

@@ -38,14 +38,26 @@ def pair(x: int | tuple[int, int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
 
 
-def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embeddings, (grid_h * grid_w, dim), as in MoCo v3."""
+def sincos_2d(
+    grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0, periodic: bool = False
+) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings, (grid_h * grid_w, dim), as in MoCo v3.
+
+    With `periodic`, the frequencies are whole turns per grid width (1, 2, ... grid/2, repeated),
+    so the table wraps around like a torus: the embedding of a patch one step past the right edge
+    is that of the first column, and a relative offset means the same thing across the edge.
+    """
     if dim % 4:
         raise ValueError(f"sin-cos position embeddings need dim divisible by 4, got dim={dim}")
     y, x = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
-    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1 or 1))
-    y = y.flatten()[:, None] * omega[None, :]
-    x = x.flatten()[:, None] * omega[None, :]
+    k = torch.arange(dim // 4)
+    if periodic:
+        omega_y = 2 * torch.pi * (k % max(grid_h // 2, 1) + 1) / grid_h
+        omega_x = 2 * torch.pi * (k % max(grid_w // 2, 1) + 1) / grid_w
+    else:
+        omega_y = omega_x = 1.0 / temperature ** (k / (dim // 4 - 1 or 1))
+    y = y.flatten()[:, None] * omega_y[None, :]
+    x = x.flatten()[:, None] * omega_x[None, :]
     return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1)
 
 
@@ -181,12 +193,13 @@ class ViT(nn.Module):
         depth: int = 6,
         heads: int = 3,
         mlp_ratio: float = 4.0,
-        pos_embed: Literal["learned", "sincos", "none"] = "learned",
+        pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
         pool: Literal["cls", "mean"] = "cls",
         attn_window: int | None = None,  # patches attend only within this Chebyshev distance
         dropout: float = 0.0,
         drop_path: float = 0.0,  # stochastic-depth rate of the last block, linear from 0
         fused_attn: bool = True,
+        patch_norm: bool = False,  # LayerNorm before and after the patch projection (vit-pytorch)
     ):
         super().__init__()
         image_h, image_w = pair(image_size)
@@ -198,8 +211,10 @@ class ViT(nn.Module):
             raise ValueError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
         if pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
-        if pos_embed not in ("learned", "sincos", "none"):
-            raise ValueError(f"pos_embed must be 'learned', 'sincos' or 'none', got {pos_embed!r}")
+        if pos_embed not in ("learned", "sincos", "periodic", "none"):
+            raise ValueError(
+                f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {pos_embed!r}"
+            )
         self.image_size = (image_h, image_w)
         self.patch_size = patch_size
         self.grid_size = (image_h // patch_size, image_w // patch_size)
@@ -207,15 +222,19 @@ class ViT(nn.Module):
         self.pool = pool
         num_patches = self.grid_size[0] * self.grid_size[1]
 
+        patch_dim = patch_size * patch_size * in_channels
+        proj = nn.Linear(patch_dim, dim)
+        # patch_norm puts patch content on the scale of fixed position tables, whatever the pixels'
+        embed = [nn.LayerNorm(patch_dim), proj, nn.LayerNorm(dim)] if patch_norm else [proj]
         self.to_patch_embedding = nn.Sequential(
-            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size),
-            nn.Linear(patch_size * patch_size * in_channels, dim),
+            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size), *embed
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
-        elif pos_embed == "sincos":
-            table = torch.cat((torch.zeros(1, dim), sincos_2d(*self.grid_size, dim)))
+        elif pos_embed in ("sincos", "periodic"):  # periodic: for images that wrap around
+            table = sincos_2d(*self.grid_size, dim, periodic=pos_embed == "periodic")
+            table = torch.cat((torch.zeros(1, dim), table))
             self.register_buffer("pos_embed", table[None], persistent=False)
         else:
             self.pos_embed = None
@@ -234,6 +253,11 @@ class ViT(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    @property
+    def patch_proj(self) -> nn.Linear:
+        """The linear projection of flattened (p1 p2 c) patches to tokens."""
+        return next(m for m in self.to_patch_embedding if isinstance(m, nn.Linear))
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:

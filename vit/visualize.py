@@ -85,7 +85,7 @@ def image_files(paths: list[Path]) -> list[Path]:
 def load_images(files: list[Path], model: ViT) -> torch.Tensor:
     """Image files -> (N, C, H, W) in [0, 1], converted to the model's channels and resized to its
     image size."""
-    mode = {1: "L", 3: "RGB"}.get(model.to_patch_embedding[-1].in_features // model.patch_size**2)
+    mode = {1: "L", 3: "RGB"}.get(model.patch_proj.in_features // model.patch_size**2)
     if mode is None:
         raise ValueError("image files can only feed models of 1 or 3 channels")
     height, width = model.image_size
