@@ -15,6 +15,7 @@ from helpers import ROOT, run_train, tiny_args
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, cli
 from vit.checkpoint import load_checkpoint
+from vit.evaluate import evaluate
 from vit.visualize import attention
 
 
@@ -39,8 +40,12 @@ def test_fit_test_predict_and_attention(runs, capsys):
     assert "preset: micro" in saved and "class_path: vit.data.TwoCircles" in saved
 
     best = run / "checkpoints" / "best.ckpt"
-    cli.main(["test", *tiny_args(runs), "--ckpt_path", str(best)])
+    tested = cli.run(["test", *tiny_args(runs), "--ckpt_path", str(best)])
     assert "test/acc" in capsys.readouterr().out
+    # vit-eval, from the checkpoint alone, measures what vit-train test measured
+    measured = evaluate(best, progress=False)
+    assert measured["top1"] == pytest.approx(tested.trainer.callback_metrics["test/acc"].item(), abs=1e-6)
+    assert measured["num_images"] == 128
 
     result = cli.run(["predict", *tiny_args(runs), "--ckpt_path", str(best)])
     probabilities = torch.cat(result.trainer.predict_loop.predictions)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
+import re
 from pathlib import Path
 
 import lightning as L
@@ -29,22 +31,39 @@ def _public(hparams: dict) -> dict:
     return {k: v for k, v in hparams.items() if not k.startswith("_")}
 
 
+def _reason(error: pickle.UnpicklingError) -> str:
+    """What the file wanted unpickled, out of torch's many-line advice (such as
+    "Unsupported global: GLOBAL builtins.print")."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # no terminal colours in a one-line error
+    match = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\.?$)", text, re.MULTILINE)
+    return match[1] if match else text.strip().splitlines()[0]
+
+
+def _options(cls: type) -> list[str]:
+    """The keyword arguments `cls(...)` takes."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return [
+        p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+
+
 def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu"
+    path: str | Path, map_location: str | torch.device = "cpu", data: dict | None = None
 ) -> tuple[Classifier, L.LightningDataModule | None]:
     """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint.
 
     The file is read with `weights_only=True`: tensors and plain containers only. A checkpoint
     that needs arbitrary unpickling is refused with a ValueError, and none of its code runs.
+    `data` overrides arguments of the data module before it is built (another folder, another
+    test split); an argument it does not take is a ValueError that lists those it does.
     """
-    path = Path(path)
+    path, data = Path(path), dict(data or {})
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0]
-        raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({first})") from e
+        raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({_reason(e)})") from e
     except (EOFError, RuntimeError) as e:
         raise ValueError(f"{path} is not a readable checkpoint: {e}") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
@@ -61,5 +80,17 @@ def load_checkpoint(
         cls = DATAMODULES.get(dm_hparams.get("_class_path"))
         if cls is None:
             raise ValueError(f"{path} names an unknown data module {dm_hparams.get('_class_path')!r}")
-        datamodule = cls(**_public(dm_hparams))
+        options = _options(cls)
+        unknown = sorted(set(data) - set(options))
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}"
+            )
+        try:
+            datamodule = cls(**{**_public(dm_hparams), **data})
+        except TypeError as e:  # a value of the wrong type, found by the constructor
+            given = f" with {data}" if data else ""
+            raise ValueError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e
+    elif data:
+        raise ValueError(f"{path} names no data module, so there is none to change with {data}")
     return model, datamodule

@@ -1,5 +1,6 @@
 """Data modules. Each exposes `num_classes`, `image_size`, `in_channels` and `classes`, which the
-CLI links into the model, so a config names them once."""
+CLI links into the model, so a config names them once, and `preprocess(pictures)`, which turns PIL
+images of any size and mode into what the model sees at test time (for vit-eval predict)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Literal
 
 import lightning as L
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
+from torchvision.transforms.functional import pil_to_tensor
 
 from vit.model import require
 
@@ -214,6 +217,13 @@ class TwoCircles(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_name)
+
+    def preprocess(self, images: list[Image.Image]) -> torch.Tensor:
+        """Pictures of any size and mode -> (N, 1, H, W) in [0, 1], as the test images are:
+        grey, resized (bilinear, antialiased when shrinking) to `image_size`."""
+        size = (self.image_size, self.image_size)
+        grey = [picture.convert("L").resize(size, Image.Resampling.BILINEAR) for picture in images]
+        return torch.stack([pil_to_tensor(picture) for picture in grey]).float() / 255
 
 
 def circle_patch_masks(

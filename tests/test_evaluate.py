@@ -1,0 +1,283 @@
+"""`vit-eval` on a tiny trained checkpoint: the figures, the files, the data overrides, predict on
+image files, and the refusal of an unsafe checkpoint."""
+
+import json
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchmetrics.functional.classification import multiclass_calibration_error
+
+from vit import CNNClassifier, TwoCircles
+from vit.checkpoint import load_checkpoint
+from vit.evaluate import (
+    classification_metrics,
+    collect_probabilities,
+    evaluate,
+    expected_calibration_error,
+    main,
+    parse_data_options,
+    predict_probabilities,
+    reliability_bins,
+)
+
+PNG = b"\x89PNG"
+
+
+def run(*args) -> None:
+    main([str(a) for a in args])
+
+
+def test_eval_writes_its_files_and_measures_what_lightning_test_measures(
+    trained_checkpoint, tmp_path, capsys
+):
+    out = tmp_path / "eval"
+    run("--ckpt", trained_checkpoint, "--out", out)
+    assert {p.name for p in out.iterdir()} == {"metrics.json", "confusion.png", "reliability.png"}
+    assert (out / "confusion.png").read_bytes()[:4] == PNG and (out / "reliability.png").read_bytes()[
+        :4
+    ] == PNG
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["checkpoint"] == str(trained_checkpoint) and metrics["split"] == "test"
+    assert metrics["tta"] is False and metrics["data_overrides"] == {} and metrics["num_images"] == 64
+    assert "top5" not in metrics  # 4 classes
+    assert 0.0 <= metrics["top1"] <= 1.0 and 0.0 <= metrics["ece"] <= 1.0 and metrics["nll"] > 0
+
+    # the same checkpoint through the Lightning test loop that `vit-train test` runs
+    classifier, datamodule = load_checkpoint(trained_checkpoint)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    [logged] = trainer.test(classifier, datamodule=datamodule, verbose=False)
+    assert metrics["top1"] == pytest.approx(logged["test/acc"], abs=1e-6)
+
+    labels = datamodule.splits["test"].tensors[1]
+    confusion = torch.tensor(metrics["confusion_matrix"])
+    images = [row["images"] for row in metrics["per_class"].values()]
+    assert confusion.sum(dim=1).tolist() == images == torch.bincount(labels, minlength=4).tolist()
+    assert list(metrics["per_class"]) == list(datamodule.classes)
+    for i, row in enumerate(metrics["per_class"].values()):
+        assert row["accuracy"] == pytest.approx(confusion[i, i].item() / images[i])
+    assert metrics["top1"] == pytest.approx(confusion.trace().item() / 64)
+    assert sum(metrics["reliability"]["count"]) == 64
+
+    table = capsys.readouterr().out
+    assert f"top-1 accuracy  {metrics['top1']:.4f}" in table and "top-5" not in table
+    assert all(name in table for name in datamodule.classes) and "wrote metrics.json" in table
+
+
+def test_ece_of_the_reliability_bins_by_hand_and_by_torchmetrics():
+    probabilities = torch.tensor(
+        [
+            [0.90, 0.05, 0.05],  # bin 13 of 15 ([0.867, 0.933)), right
+            [0.92, 0.04, 0.04],  # bin 13, wrong
+            [0.10, 0.60, 0.30],  # bin 9 ([0.6, 0.667)), right
+            [0.20, 0.20, 0.60],  # bin 9, wrong
+            [0.30, 0.30, 0.40],  # bin 6 ([0.4, 0.467)), right
+        ]
+    )
+    labels = torch.tensor([0, 1, 1, 0, 2])
+    count, confidence, accuracy = reliability_bins(probabilities, labels, n_bins=15)
+    assert count.nonzero().flatten().tolist() == [6, 9, 13] and count.sum() == 5
+    by_hand = (2 * abs(0.5 - 0.91) + 2 * abs(0.5 - 0.60) + 1 * abs(1.0 - 0.40)) / 5
+    assert expected_calibration_error(count, confidence, accuracy) == pytest.approx(by_hand)
+    ours = multiclass_calibration_error(probabilities, labels, 3, n_bins=15, norm="l1")
+    assert ours.item() == pytest.approx(by_hand, abs=1e-6)
+    # the figures vit-eval reports use the same bins
+    metrics = classification_metrics(probabilities, labels, ["a", "b", "c"])
+    assert metrics["ece"] == pytest.approx(by_hand, abs=1e-6) and metrics["reliability"]["count"][13] == 2
+    assert metrics["nll"] == pytest.approx(-np.log([0.90, 0.04, 0.60, 0.20, 0.40]).mean(), abs=1e-6)
+
+
+def test_top5_is_reported_beyond_five_classes():
+    probabilities = torch.eye(7)[[0, 1, 2, 3, 4, 5, 6, 6]] * 0.3 + torch.linspace(0.1, 0.01, 7)
+    probabilities = probabilities / probabilities.sum(-1, keepdim=True)
+    labels = torch.tensor([0, 1, 2, 3, 4, 5, 6, 1])  # the last is right only within the top 5
+    metrics = classification_metrics(probabilities, labels, list("abcdefg"))
+    assert metrics["top1"] == pytest.approx(7 / 8) and metrics["top5"] == pytest.approx(1.0)
+
+
+def test_flip_averaging_leaves_a_mirror_symmetric_image_alone(trained):
+    model, data = trained
+    images = data.splits["test"].tensors[0][:8]
+    symmetric = (images + images.flip(-1)) / 2
+    torch.testing.assert_close(
+        predict_probabilities(model, symmetric, tta=True), predict_probabilities(model, symmetric)
+    )
+    flipped = predict_probabilities(model, images.flip(-1))
+    torch.testing.assert_close(
+        predict_probabilities(model, images, tta=True), (predict_probabilities(model, images) + flipped) / 2
+    )
+
+
+def test_data_options_choose_another_test_set(trained_checkpoint, tmp_path):
+    out = tmp_path / "far"
+    run(
+        "--ckpt",
+        trained_checkpoint,
+        "--data",
+        "test_split=far",
+        "--data",
+        "num_test=40",
+        "--tta",
+        "--out",
+        out,
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["data_overrides"] == {"test_split": "far", "num_test": 40} and metrics["tta"] is True
+    assert metrics["data"]["test_split"] == "far" and metrics["num_images"] == 40
+    assert parse_data_options(["separation=[12, 15]", "wrap=false", "root=/a b"]) == {
+        "separation": [12, 15],
+        "wrap": False,
+        "root": "/a b",
+    }
+
+
+def test_validation_split_and_a_cnn_checkpoint(tmp_path, capsys):
+    model = CNNClassifier(num_classes=4, in_channels=1, receptive_field=3, width=4)
+    data = TwoCircles(num_train=8, num_val=24, num_test=8, batch_size=16)
+    path = tmp_path / "cnn.ckpt"
+    hparams = {**model.hparams, "_class_path": "vit.classifier.CNNClassifier"}
+    datamodule = {**data.hparams, "_class_path": "vit.data.TwoCircles"}
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": hparams,
+            "datamodule_hyper_parameters": datamodule,
+        },
+        path,
+    )
+    metrics = evaluate(path, split="val", batch_size=5, progress=False)
+    assert metrics["num_images"] == 24 and metrics["split"] == "val"
+    assert metrics["data"]["batch_size"] == 5
+
+
+class Uint8TwoCircles(TwoCircles):
+    """Keeps bytes in the loader and makes floats on the device, as image data modules may."""
+
+    def test_dataloader(self):
+        images, labels = self._split(self.test_name).tensors
+        quantised = torch.utils.data.TensorDataset((images * 255).round().to(torch.uint8), labels)
+        return torch.utils.data.DataLoader(quantised, batch_size=self.hparams.batch_size)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        images, labels = batch
+        assert not self.trainer.training
+        return images.float() / 255, labels
+
+
+def test_the_data_modules_batch_hook_applies(trained):
+    model, _ = trained
+    data = Uint8TwoCircles(num_train=8, num_val=8, num_test=40, batch_size=16)
+    probabilities, labels = collect_probabilities(model, data, progress=False)
+    images, expected_labels = data.splits["test"].tensors
+    expected = predict_probabilities(model, (images * 255).round() / 255)
+    torch.testing.assert_close(probabilities, expected)
+    assert torch.equal(labels, expected_labels)
+
+
+def test_predict_on_files_of_any_size_and_mode(trained_checkpoint, trained, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    files = []
+    for name, shape in (("rgb", (40, 50, 3)), ("rgba", (32, 32, 4)), ("grey", (17, 23))):
+        files.append(tmp_path / f"{name}.png")
+        Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)).save(files[-1])
+    files.append(tmp_path / "palette.png")
+    Image.fromarray(rng.integers(0, 255, (64, 48, 3), dtype=np.uint8)).convert("P").save(files[-1])
+    assert [Image.open(f).mode for f in files] == ["RGB", "RGBA", "L", "P"]
+
+    run("predict", "--ckpt", trained_checkpoint, *files, "--top-k", "3")
+    results = json.loads(capsys.readouterr().out)
+    assert [r["file"] for r in results] == [str(f) for f in files]
+    classes = list(trained[1].classes)
+    for result in results:
+        ranked = [c["probability"] for c in result["top_k"]]
+        assert len(ranked) == 3 and ranked == sorted(ranked, reverse=True) and sum(ranked) <= 1 + 1e-6
+        assert all(classes[c["index"]] == c["class"] for c in result["top_k"])
+    run("predict", "--ckpt", trained_checkpoint, files[0])  # top 5 of 4 classes: all of them
+    [result] = json.loads(capsys.readouterr().out)
+    assert sum(c["probability"] for c in result["top_k"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_preprocess_gives_what_the_model_sees(trained):
+    _, data = trained
+    images = data.splits["test"].tensors[0][:3]  # (3, 1, 32, 32) in [0, 1]
+    pictures = [Image.fromarray((x[0] * 255).round().to(torch.uint8).numpy()) for x in images]
+    prepared = data.preprocess(pictures)
+    assert prepared.dtype == torch.float32 and prepared.shape == (3, 1, 32, 32)
+    assert (prepared - images).abs().max() <= 0.5 / 255 + 1e-6
+    big = data.preprocess([pictures[0].resize((96, 96)).convert("RGB")])
+    assert big.shape == (1, 1, 32, 32) and 0 <= big.min() and big.max() <= 1
+
+
+def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
+    marker = tmp_path / "marker"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))  # unpickling it creates the marker file
+
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "payload": Payload()}, evil)
+    picture = tmp_path / "a.png"
+    Image.new("L", (8, 8)).save(picture)
+    for args in (["--ckpt", evil, "--out", tmp_path / "out"], ["predict", "--ckpt", evil, picture]):
+        with pytest.raises(SystemExit) as exit:
+            run(*args)
+        assert exit.value.code == (
+            f"error: refusing {evil}: it is not a plain-tensor checkpoint "
+            f"(Unsupported global: GLOBAL {open.__module__}.open)"
+        )
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    torch.load(evil, weights_only=False)  # the payload is real: a plain load runs it
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--ckpt", "{tmp}/nope.ckpt"], "error: checkpoint not found: {tmp}/nope.ckpt"),
+        (["--data", "colour=red"], "error: TwoCircles has no option colour; it has image_size, radius,"),
+        (["--data", "test_split"], "error: --data 'test_split' is not KEY=VALUE"),
+        (["--data", "test_split=sideways"], "error: unknown test_split 'sideways'"),
+        (["--data", "separation=5"], "with {'separation': 5}: cannot unpack"),
+        (["--split", "train"], "error: argument --split: invalid choice: 'train'"),
+        (["--batch-size", "0"], "error: batch_size=0 must be at least 1"),
+        (["--out", "{tmp}/file.txt"], "error: --out {tmp}/file.txt is a file, not a folder"),
+        (["predict", "{tmp}/missing.png"], "error: image not found: {tmp}/missing.png"),
+        (
+            ["predict", "{tmp}/file.txt"],
+            "error: cannot read image {tmp}/file.txt: cannot identify image file",
+        ),
+        (
+            ["predict", "{tmp}/file.txt", "--top-k", "0"],
+            "error: top_k=0 and batch_size=64 must be at least 1",
+        ),
+        (["predict"], "error: the following arguments are required: images"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, capsys, options, message):
+    (tmp_path / "file.txt").write_text("not an image")
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    predicting = options[0] == "predict"
+    args = (
+        ["predict", "--ckpt", trained_checkpoint, *options[1:]]
+        if predicting
+        else ["--ckpt", trained_checkpoint]
+    )
+    args += [] if predicting else [*options, *([] if "--out" in options else ["--out", tmp_path / "out"])]
+    with pytest.raises(SystemExit) as exit:
+        run(*args)
+    assert isinstance(exit.value.code, str) and "\n" not in exit.value.code
+    assert message.replace("{tmp}", str(tmp_path)) in exit.value.code
+    assert not (tmp_path / "out").exists() and capsys.readouterr().out == ""
+
+
+def test_a_checkpoint_without_a_data_module(trained, tmp_path):
+    model, _ = trained
+    path = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
+    with pytest.raises(SystemExit, match="names no data module to evaluate on"):
+        run("--ckpt", path)
+    with pytest.raises(SystemExit, match="names no data module, so there is none to change"):
+        run("--ckpt", path, "--data", "seed=1")

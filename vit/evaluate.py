@@ -1,0 +1,455 @@
+"""`vit-eval`: measure a checkpoint on its test (or validation) set, or classify image files.
+
+    vit-eval --ckpt runs/demo/train/checkpoints/best.ckpt              # print the table
+    vit-eval --ckpt best.ckpt --out eval                               # and write metrics, plots
+    vit-eval --ckpt best.ckpt --data test_split=far                    # another two-circles test set
+    vit-eval --ckpt best.ckpt --data root=/data/other                  # another image folder
+    vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top-k 3        # top classes as JSON
+
+The model and its data module are rebuilt from the checkpoint alone, read without unpickling
+code (`vit.checkpoint.load_checkpoint`). Everything is computed before the first file is written;
+bad input stops the command with one line `error: ...` and a non-zero exit, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import yaml
+from jsonargparse import ArgumentParser
+from matplotlib.figure import Figure
+from PIL import Image
+from torchmetrics.functional.classification import (
+    multiclass_accuracy,
+    multiclass_calibration_error,
+    multiclass_confusion_matrix,
+)
+
+from vit.checkpoint import load_checkpoint
+from vit.cli import OneLineErrors
+from vit.plot import confusion_figure, reliability_figure, save_figure
+
+SPLITS = ("test", "val")
+DEVICES = ("auto", "cpu", "cuda")
+N_BINS = 15  # confidence bins of the calibration error, as in Guo et al. 2017
+
+
+def torch_device(device: str) -> str:
+    """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: PyTorch sees no CUDA device")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def parse_data_options(items: list[str]) -> dict:
+    """["test_split=far", "separation=[12, 15]"] -> {"test_split": "far", "separation": [12, 15]}:
+    each value read as YAML, so numbers, booleans and lists come out typed."""
+    options = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise ValueError(f"--data {item!r} is not KEY=VALUE")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(f"--data {item!r}: the value is not YAML ({' '.join(str(e).split())})") from e
+    return options
+
+
+@torch.no_grad()
+def predict_probabilities(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """Softmax probabilities (N, classes); with `tta`, the mean of those of each image and of its
+    mirror image (flipped left to right)."""
+    probabilities = model(images).float().softmax(dim=-1)
+    if tta:
+        probabilities = (probabilities + model(images.flip(-1)).float().softmax(dim=-1)) / 2
+    return probabilities
+
+
+class _Collect(L.LightningModule):
+    """Runs a classifier through Lightning's test or validation loop, as `vit-train test` does,
+    so that the data module's batch hooks (such as `on_after_batch_transfer`, where image data
+    modules convert and normalise on the device) apply; keeps the probabilities and labels."""
+
+    def __init__(self, classifier: torch.nn.Module, tta: bool):
+        super().__init__()
+        self.classifier = classifier
+        self.tta = tta
+        self.probabilities: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        images, labels = batch
+        self.probabilities.append(predict_probabilities(self.classifier, images, self.tta).cpu())
+        self.labels.append(labels.cpu())
+
+    validation_step = test_step
+
+
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Keep out of the table's way what Lightning says about itself rather than about the
+    evaluation: its start-up lines (accelerators, tips), its advice on data-loader workers and
+    deprecations between its version and PyTorch's. Other warnings and errors still show."""
+    loggers = [
+        logging.getLogger(f"lightning.{package}.utilities.rank_zero") for package in ("pytorch", "fabric")
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have many workers")
+            warnings.filterwarnings("ignore", category=FutureWarning, module="lightning")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def collect_probabilities(
+    classifier: torch.nn.Module,
+    datamodule: L.LightningDataModule,
+    split: str = "test",
+    tta: bool = False,
+    device: str = "cpu",
+    progress: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities (N, classes) and labels (N,) of every image of the data module's split."""
+    collect = _Collect(classifier, tta)
+    with _quiet_lightning():
+        trainer = L.Trainer(
+            accelerator=device,
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=progress,
+        )
+        if split == "test":
+            trainer.test(collect, datamodule=datamodule, verbose=False)
+        else:
+            trainer.validate(collect, datamodule=datamodule, verbose=False)
+    if not collect.labels:
+        raise ValueError(f"the {split} split of {type(datamodule).__name__} holds no images")
+    return torch.cat(collect.probabilities), torch.cat(collect.labels)
+
+
+def reliability_bins(
+    probabilities: torch.Tensor, labels: torch.Tensor, n_bins: int = N_BINS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per equal-width bin of the top-1 confidence: the number of images, their mean confidence
+    and their accuracy (0 in empty bins). Bin i holds confidences in [i/n, (i+1)/n), the last
+    one 1 as well (torchmetrics gives exactly 1 a bin of its own, which changes the calibration
+    error only when that bin and the one below it err in opposite directions)."""
+    confidence, predicted = probabilities.double().max(dim=-1)
+    correct = (predicted == labels).double()
+    index = (confidence * n_bins).long().clamp(0, n_bins - 1)
+    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, torch.ones_like(correct))
+    total_confidence = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, confidence)
+    total_correct = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, correct)
+    return count, total_confidence / count.clamp_min(1), total_correct / count.clamp_min(1)
+
+
+def expected_calibration_error(
+    count: torch.Tensor, confidence: torch.Tensor, accuracy: torch.Tensor
+) -> float:
+    """ECE = sum over bins of (share of the images) * |accuracy - mean confidence|."""
+    return float((count * (accuracy - confidence).abs()).sum() / count.sum())
+
+
+def classification_metrics(probabilities: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:
+    """Top-1 (and top-5 beyond 5 classes) accuracy, expected calibration error, negative
+    log-likelihood, per-class accuracy, confusion matrix and reliability bins, as plain numbers."""
+    n = len(classes)
+    confusion = multiclass_confusion_matrix(probabilities, labels, n)  # (true, predicted)
+    per_class = multiclass_accuracy(probabilities, labels, n, average=None)
+    images = confusion.sum(dim=1)
+    count, confidence, accuracy = reliability_bins(probabilities, labels)
+    metrics = {
+        "num_images": len(labels),
+        "num_classes": n,
+        "top1": float(multiclass_accuracy(probabilities, labels, n, average="micro")),
+    }
+    if n > 5:
+        metrics["top5"] = float(multiclass_accuracy(probabilities, labels, n, top_k=5, average="micro"))
+    metrics |= {
+        "ece": float(multiclass_calibration_error(probabilities, labels, n, n_bins=N_BINS, norm="l1")),
+        "ece_bins": N_BINS,
+        # without the label smoothing of training, so lower than vit-train's test/loss
+        "nll": float(F.nll_loss(probabilities.clamp_min(1e-12).log(), labels)),
+        "per_class": {
+            name: {"accuracy": float(a) if k > 0 else None, "images": int(k)}
+            for name, a, k in zip(classes, per_class, images, strict=True)
+        },
+        "confusion_matrix": confusion.tolist(),
+        "reliability": {
+            "count": count.long().tolist(),
+            "confidence": confidence.tolist(),
+            "accuracy": accuracy.tolist(),
+        },
+    }
+    return metrics
+
+
+def format_table(metrics: dict) -> str:
+    """The figures of `evaluate` as a table to read in a terminal."""
+    overrides = ", ".join(f"{k}={v}" for k, v in metrics["data_overrides"].items())
+    data = f"{metrics['data_module']}, {metrics['split']} split"
+    rows = [
+        ("checkpoint", metrics["checkpoint"]),
+        ("data", data + (f" ({overrides})" if overrides else "") + (", flip TTA" if metrics["tta"] else "")),
+        ("images", metrics["num_images"]),
+        ("top-1 accuracy", f"{metrics['top1']:.4f}"),
+    ]
+    if "top5" in metrics:
+        rows.append(("top-5 accuracy", f"{metrics['top5']:.4f}"))
+    rows += [(f"ECE ({metrics['ece_bins']} bins)", f"{metrics['ece']:.4f}"), ("NLL", f"{metrics['nll']:.4f}")]
+    lines = [f"{label:<16}{value}" for label, value in rows]
+    width = max(5, *(len(name) for name in metrics["per_class"]))
+    lines += ["", f"{'class':<{width}}  accuracy  images"]
+    for name, row in metrics["per_class"].items():
+        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
+        lines.append(f"{name:<{width}}  {accuracy:>8}  {row['images']:>6}")
+    return "\n".join(lines)
+
+
+def save_all(out: Path, files: dict[str, str | Figure]) -> list[Path]:
+    """Write texts and figures into `out`; if one fails, remove those already written."""
+    existed, written = out.exists(), []
+    try:
+        for name, content in files.items():
+            path = out / name
+            if isinstance(content, str):
+                out.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            else:
+                save_figure(content, path)
+            written.append(path)
+    except BaseException:
+        for path in written:  # leave nothing half-written
+            path.unlink(missing_ok=True)
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return written
+
+
+def evaluate(
+    ckpt: str | Path,
+    split: str = "test",
+    data: dict | None = None,
+    tta: bool = False,
+    batch_size: int | None = None,
+    out: str | Path | None = None,
+    device: str = "auto",
+    progress: bool = True,
+) -> dict:
+    """Measure a checkpoint on a split of its data module; print the table; with `out`, write
+    metrics.json, confusion.png and reliability.png there. Returns the metrics.
+
+    `data` overrides arguments of the data module rebuilt from the checkpoint (another folder,
+    another test split); `batch_size` is the same as data={"batch_size": ...}.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    device = torch_device(device)
+    data = dict(data or {})
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be at least 1")
+        data["batch_size"] = batch_size
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    classifier, datamodule = load_checkpoint(ckpt, data=data)
+    if datamodule is None:
+        raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict takes image files")
+    probabilities, labels = collect_probabilities(classifier, datamodule, split, tta, device, progress)
+    classes = [str(name) for name in datamodule.classes]
+    if probabilities.shape[1] != len(classes):
+        raise ValueError(
+            f"the model predicts {probabilities.shape[1]} classes, the data has {len(classes)}: {classes}"
+        )
+    metrics = {
+        "checkpoint": str(ckpt),
+        "split": split,
+        "data_module": type(datamodule).__name__,
+        "data_overrides": data,
+        "data": dict(getattr(datamodule, "hparams", {})),
+        "tta": tta,
+        **classification_metrics(probabilities, labels, classes),
+    }
+    print(format_table(metrics))
+    if out is not None:
+        out = Path(out)
+        reliability = metrics["reliability"]
+        title = f"{Path(ckpt).name}, {split} split{', flip TTA' if tta else ''}"
+        files = {
+            "metrics.json": json.dumps(metrics, indent=2, default=str) + "\n",
+            "confusion.png": confusion_figure(
+                torch.tensor(metrics["confusion_matrix"]), classes, f"confusion matrix\n{title}"
+            ),
+            "reliability.png": reliability_figure(
+                torch.tensor(reliability["count"]),
+                torch.tensor(reliability["confidence"]),
+                torch.tensor(reliability["accuracy"]),
+                metrics["ece"],
+                title=f"{title}\n",
+            ),
+        }
+        written = save_all(out, files)
+        print(f"\nwrote {', '.join(path.name for path in written)} into {out}")
+    return metrics
+
+
+def preprocess_file(datamodule, path: Path) -> torch.Tensor:
+    """One image file, as the data module prepares pictures: (1, C, H, W)."""
+    try:
+        with Image.open(path) as picture:
+            return datamodule.preprocess([picture])
+    except (OSError, Image.DecompressionBombError) as e:
+        raise ValueError(f"cannot read image {path}: {e}") from e
+
+
+def predict(
+    ckpt: str | Path,
+    images: list[str | Path],
+    top_k: int = 5,
+    tta: bool = False,
+    data: dict | None = None,
+    batch_size: int = 64,
+    device: str = "auto",
+) -> list[dict]:
+    """Classify image files (any size or mode) and print, as JSON, each file's `top_k` classes
+    with their probabilities, most probable first. Returns that list."""
+    if top_k < 1 or batch_size < 1:
+        raise ValueError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
+    device = torch_device(device)
+    files = [Path(f) for f in images]
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"image not found: {file}")
+    classifier, datamodule = load_checkpoint(ckpt, data=data)
+    if datamodule is None:
+        raise ValueError(f"{ckpt} names no data module, so nothing says how to prepare image files for it")
+    if not hasattr(datamodule, "preprocess"):
+        raise ValueError(f"{type(datamodule).__name__} has no preprocess(): it cannot prepare image files")
+    classes = [str(name) for name in datamodule.classes]
+    classifier.to(device)
+    results = []
+    for start in range(0, len(files), batch_size):  # a batch of pictures at a time bounds the memory
+        chunk = files[start : start + batch_size]
+        batch = torch.cat([preprocess_file(datamodule, file) for file in chunk]).to(device)
+        top = predict_probabilities(classifier, batch, tta).cpu().topk(min(top_k, len(classes)), dim=-1)
+        for file, values, indices in zip(chunk, top.values.tolist(), top.indices.tolist(), strict=True):
+            ranked = [
+                {"class": classes[i], "index": i, "probability": p}
+                for p, i in zip(values, indices, strict=True)
+            ]
+            results.append({"file": str(file), "top_k": ranked})
+    print(json.dumps(results, indent=2))
+    return results
+
+
+class OneLineParser(OneLineErrors, ArgumentParser):
+    """vit-eval's parsers: one-line errors, as vit-train's."""
+
+
+DATA_HELP = (
+    "override an argument of the checkpoint's data module, as YAML (repeat for more): "
+    "another folder (root=/data/other) or test set (test_split=far)"
+)
+TTA_HELP = (
+    "average the probabilities of each image and its mirror image (flipped left to right); only for "
+    "data whose classes survive a mirror (not two circles: a flip swaps / and \\)"
+)
+
+
+def evaluate_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="vit-eval",
+        description=(
+            "Measure a checkpoint on the test (or validation) split of the data module it was "
+            "trained with: top-1 (and top-5 beyond 5 classes) accuracy, expected calibration "
+            "error, negative log-likelihood and per-class accuracy. Prints a table; with --out, "
+            "writes metrics.json, confusion.png and reliability.png. Checkpoints are read "
+            "without unpickling code."
+        ),
+        epilog="To classify image files: vit-eval predict --help",
+    )
+    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    parser.add_argument("--split", default="test", choices=SPLITS, help="which split to measure")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
+    parser.add_argument("--tta", action="store_true", help=TTA_HELP)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, metavar="N", help="images per batch; null: the data module's"
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="folder for metrics.json and the plots; null: print only"
+    )
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    return parser
+
+
+def predict_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="vit-eval predict",
+        description=(
+            "Classify image files of any size or mode, prepared as the checkpoint's data module "
+            "prepares test images, and print each file's top classes with their probabilities "
+            'as JSON: [{"file": ..., "top_k": [{"class": ..., "index": ..., "probability": ...}]}].'
+        ),
+    )
+    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument("--top-k", type=int, default=5, metavar="K", help="how many classes to list per file")
+    parser.add_argument("--tta", action="store_true", help=TTA_HELP)
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
+    parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="images per forward pass")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    return parser
+
+
+def main(args: list[str] | None = None) -> None:
+    args = sys.argv[1:] if args is None else [str(a) for a in args]
+    try:
+        if args[:1] == ["predict"]:
+            options = predict_parser().parse_args(args[1:])
+            predict(
+                options.ckpt,
+                options.images,
+                top_k=options.top_k,
+                tta=options.tta,
+                data=parse_data_options(options.data),
+                batch_size=options.batch_size,
+                device=options.device,
+            )
+        else:
+            options = evaluate_parser().parse_args(args)
+            evaluate(
+                options.ckpt,
+                split=options.split,
+                data=parse_data_options(options.data),
+                tta=options.tta,
+                batch_size=options.batch_size,
+                out=options.out,
+                device=options.device,
+            )
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
