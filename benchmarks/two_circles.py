@@ -203,14 +203,14 @@ def plot(results: dict, out: Path, fields: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per model")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per model")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--num_train", type=int, default=20000)
     parser.add_argument("--num_test", type=int, default=2000)
     parser.add_argument(
-        "--fields", type=int, nargs="+", default=[3, 5, 9, 15], help="bag CNN receptive fields"
+        "--fields", type=int, nargs="+", default=[3, 5, 9], help="bag CNN receptive fields"
     )
-    parser.add_argument("--cnn_width", type=int, default=48, help="channels of the CNNs")
+    parser.add_argument("--cnn_width", type=int, default=16, help="channels of the CNNs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
