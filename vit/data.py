@@ -7,8 +7,10 @@ from typing import Literal
 
 import lightning as L
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
+from vit.images import to_float, to_pixels
 from vit.model import require
 
 # Orientation (degrees) of the line joining the two centres, per class; y points up as in maths.
@@ -214,6 +216,11 @@ class TwoCircles(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_name)
+
+    def preprocess(self, images: list[Image.Image]) -> torch.Tensor:
+        """PIL images -> float32 (N, 1, H, W) in [0, 1], the form of the generated images:
+        grayscale, resized to `image_size` (bilinear)."""
+        return to_float(torch.stack([to_pixels(image, "L", self.image_size) for image in images]))
 
 
 def circle_patch_masks(
