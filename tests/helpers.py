@@ -1,9 +1,11 @@
-"""Helpers shared by the CLI tests."""
+"""Helpers shared by the tests: CLI runs, fake image folders."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,3 +42,35 @@ def run_train(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Complet
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
+
+
+# Sizes and modes the fake folders cycle through: odd sizes, grayscale, palette, alpha, RGB.
+SIZES = [(13, 9), (16, 16), (7, 31), (40, 22)]
+MODES = ["L", "P", "RGBA", "RGB"]
+
+
+def write_image(path: Path, value: int, mode: str, size: tuple[int, int]) -> None:
+    """A flat image of gray level `value`, whatever its mode (alpha is dropped when read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode == "L":
+        image = Image.new("L", size, value)
+    elif mode == "P":
+        image = Image.new("RGB", size, (value,) * 3).quantize()
+    elif mode == "RGBA":
+        image = Image.new("RGBA", size, (value, value, value, 100))
+    else:
+        image = Image.new("RGB", size, (value,) * 3)
+    image.save(path)
+
+
+def make_folders(root: Path, classes=("ant", "bee", "cat"), per_class: dict | None = None) -> Path:
+    """`root/<split>/<class>/NN.png`; image j of class c is flat gray 10*c + j + 1 (+ 100 in the
+    test split), so each pixel tells the file, its label and its split."""
+    per_class = per_class or {"train": 6, "test": 2}
+    for split, count in per_class.items():
+        for c, name in enumerate(classes):
+            for j in range(count):
+                k = c * count + j
+                value = 10 * c + j + 1 + (100 if split == "test" else 0)
+                write_image(root / split / name / f"{j:02d}.png", value, MODES[k % 4], SIZES[k % 4])
+    return root

@@ -2,6 +2,18 @@
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.data import TwoCircles
+from vit.images import CIFAR10, FashionMNIST, ImageFolders
 from vit.model import PRESETS, ViT, build_vit
 
-__all__ = ["PRESETS", "Classifier", "CNNClassifier", "TwoCircles", "ViT", "ViTClassifier", "build_vit"]
+__all__ = [
+    "CIFAR10",
+    "PRESETS",
+    "Classifier",
+    "CNNClassifier",
+    "FashionMNIST",
+    "ImageFolders",
+    "TwoCircles",
+    "ViT",
+    "ViTClassifier",
+    "build_vit",
+]

@@ -12,6 +12,7 @@ import torch
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.data import TwoCircles
+from vit.images import CIFAR10, FashionMNIST, ImageFolders
 
 # Models a checkpoint may name, by the class path LightningCLI records (either spelling);
 # checkpoints without one hold a ViTClassifier.
@@ -21,9 +22,14 @@ MODELS: dict[str, type[Classifier]] = {
     for module in ("vit", "vit.classifier")
 }
 
-# Data modules a checkpoint may name, by the class path LightningCLI records.
+# Data modules a checkpoint may name, by the class path LightningCLI records (either spelling).
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "vit.data.TwoCircles": TwoCircles,
+    **{
+        f"{module}.{cls.__name__}": cls
+        for cls in (CIFAR10, ImageFolders, FashionMNIST)
+        for module in ("vit", "vit.images")
+    },
 }
 
 

@@ -69,8 +69,10 @@ class Classifier(L.LightningModule):
     def _step(self, batch, stage: str, accuracy: MulticlassAccuracy) -> torch.Tensor:
         x, y = batch
         logits = self(x)
+        # y: class indices (N,), or class probabilities (N, classes) from MixUp/CutMix, which
+        # cross-entropy takes as they are and accuracy counts against their largest class
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        accuracy(logits, y)
+        accuracy(logits, y.argmax(dim=1) if y.ndim == 2 else y)
         on_step = stage == "train"
         # epoch-level losses are averaged over all processes; accuracy syncs itself (torchmetrics)
         self.log(

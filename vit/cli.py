@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vit.classifier import Classifier
+from vit.images import DataError
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
@@ -96,7 +97,8 @@ class ViTCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as e:  # raised by constructors
-            while e.__cause__ is not None or e.__context__ is not None:  # jsonargparse wraps ours
+            # jsonargparse wraps ours; a DataError is ours even when it wraps an OSError
+            while not isinstance(e, DataError) and (e.__cause__ or e.__context__) is not None:
                 e = e.__cause__ or e.__context__
             raise CLIError(e) from e
 
@@ -177,7 +179,7 @@ def run(args: list[str] | None = None) -> ViTCLI:
 def main(args: list[str] | None = None) -> None:
     try:
         run(args)
-    except CLIError as e:
+    except (CLIError, DataError) as e:  # a DataError may come from setup, inside fit or test
         sys.exit(f"error: {e}")
 
 

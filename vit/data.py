@@ -10,8 +10,8 @@ import lightning as L
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
-from torchvision.transforms.functional import pil_to_tensor
 
+from vit.images import to_float, to_pixels
 from vit.model import require
 
 # Orientation (degrees) of the line joining the two centres, per class; y points up as in maths.
@@ -219,11 +219,9 @@ class TwoCircles(L.LightningDataModule):
         return self._loader(self.test_name)
 
     def preprocess(self, images: list[Image.Image]) -> torch.Tensor:
-        """Pictures of any size and mode -> (N, 1, H, W) in [0, 1], as the test images are:
-        grey, resized (bilinear, antialiased when shrinking) to `image_size`."""
-        size = (self.image_size, self.image_size)
-        grey = [picture.convert("L").resize(size, Image.Resampling.BILINEAR) for picture in images]
-        return torch.stack([pil_to_tensor(picture) for picture in grey]).float() / 255
+        """PIL images -> float32 (N, 1, H, W) in [0, 1], the form of the generated images:
+        grayscale, resized to `image_size` (bilinear)."""
+        return to_float(torch.stack([to_pixels(image, "L", self.image_size) for image in images]))
 
 
 def circle_patch_masks(

@@ -1,0 +1,170 @@
+"""Does the data pipeline keep up with training? Training throughput fed by the CIFAR10 data module
+against the same training steps on batches already in memory.
+
+    python benchmarks/data_pipeline.py                         # the JPEG copy next to the repo
+    python benchmarks/data_pipeline.py --root data/cifar10 --precision fp32 --policy none
+
+One training step = forward, cross-entropy, backward, AdamW step (bf16 autocast by default), on
+the `cifar` preset unless told otherwise. It measures, in alternating rounds after a warm-up:
+
+(a) model only: steps on one random batch held in memory;
+(b) pipeline: steps on batches from the data module's training loader, moved to the device and
+    augmented there by `on_after_batch_transfer` (crop, flip, the policy, mixing), as in vit-train;
+
+then prints the images per second of both (medians over rounds) and their ratio (goal: >= 0.90),
+and times (c) the augmentation alone and the loader alone per batch. The first run on a folder of
+JPEGs decodes them into the cache (about 15 s for CIFAR-10 on 2 cores); that is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vit.classifier import adamw
+from vit.images import CIFAR10
+from vit.model import build_vit
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_COPY = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(model: torch.nn.Module, precision: str, device: torch.device) -> Callable:
+    optimizer = adamw(model, lr=1e-3, weight_decay=0.05)
+    dtype = PRECISIONS[precision]
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+        with autocast:
+            loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def forever(data: CIFAR10) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    while True:
+        yield from data.train_dataloader()
+
+
+def images_per_second(run_batch: Callable[[], None], steps: int, batch: int, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run_batch()
+    synchronize(device)
+    return steps * batch / (time.perf_counter() - start)
+
+
+def milliseconds(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / reps * 1000
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=SHARED_COPY if SHARED_COPY.is_dir() else None,
+        help=f"CIFAR-10 (either layout CIFAR10 reads); default {SHARED_COPY} if it exists",
+    )
+    parser.add_argument("--preset", default="cifar")
+    parser.add_argument("--dim", type=int)
+    parser.add_argument("--depth", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--patch_size", type=int, default=4)
+    parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--val_size", type=int, default=5000)
+    parser.add_argument("--policy", choices=["none", "trivial", "randaugment"], default="trivial")
+    parser.add_argument("--mixup_alpha", type=float, default=0.0)
+    parser.add_argument("--cutmix_alpha", type=float, default=0.0)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps of each kind first")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round and kind")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)  # fmt: skip
+    if args.root is None:
+        parser.error(f"--root is required ({SHARED_COPY} does not exist)")
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    data = CIFAR10(
+        str(args.root), val_size=args.val_size, batch_size=args.batch, policy=args.policy,
+        mixup_alpha=args.mixup_alpha, cutmix_alpha=args.cutmix_alpha,
+    )  # fmt: skip
+    data.prepare_data()
+    data.setup("fit")
+    model = build_vit(
+        args.preset, num_classes=data.num_classes, image_size=data.image_size, in_channels=data.in_channels,
+        patch_size=args.patch_size, dim=args.dim, depth=args.depth, heads=args.heads,
+    ).to(device)  # fmt: skip
+    model.train()
+    step = make_step(model, args.precision, device)
+
+    shape = (args.batch, data.in_channels, data.image_size, data.image_size)
+    fixed_images = torch.rand(shape, device=device)
+    fixed_labels = torch.randint(0, data.num_classes, (args.batch,), device=device)
+    batches = forever(data)
+
+    def model_only() -> None:
+        step(fixed_images, fixed_labels)
+
+    def pipeline() -> None:
+        images, labels = next(batches)
+        step(*data.augment(images.to(device), labels.to(device)))
+
+    for _ in range(args.warmup):
+        model_only()
+        pipeline()
+    alone, fed = [], []
+    for _ in range(args.rounds):  # alternating, so that a change in machine load hits both
+        alone.append(images_per_second(model_only, args.steps, args.batch, device))
+        fed.append(images_per_second(pipeline, args.steps, args.batch, device))
+    results = {"model_only": statistics.median(alone), "pipeline": statistics.median(fed)}
+    results["ratio"] = results["pipeline"] / results["model_only"]
+
+    uint8_images, labels = next(batches)
+    uint8_images, labels = uint8_images.to(device), labels.to(device)
+    results["augment_ms"] = milliseconds(lambda: data.augment(uint8_images, labels), 20, device)
+    results["loader_ms"] = milliseconds(lambda: next(batches), 20, device)
+    results["step_ms"] = args.batch / results["model_only"] * 1000
+
+    print(
+        f"device {device.type}, {torch.get_num_threads()} threads, preset {args.preset}, {args.precision}, "
+        f"batch {args.batch}, policy {args.policy}, mixup {args.mixup_alpha}, cutmix {args.cutmix_alpha}; "
+        f"medians of {args.rounds} rounds of {args.steps} steps"
+    )
+    print(f"(a) model only:      {results['model_only']:8.1f} images/s")
+    print(f"(b) with pipeline:   {results['pipeline']:8.1f} images/s")
+    print(f"    ratio (b)/(a):   {results['ratio']:8.3f}   (goal >= 0.90)")
+    share = results["augment_ms"] / results["step_ms"]
+    print(
+        f"(c) augmentation:    {results['augment_ms']:8.2f} ms per batch "
+        f"({share:.1%} of a model-only step of {results['step_ms']:.0f} ms)"
+    )
+    print(f"    loader alone:    {results['loader_ms']:8.2f} ms per batch")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""The real-image data modules on tiny fake data sets: folders of odd-sized images in every mode,
+CIFAR-10 in both layouts, Fashion-MNIST IDX files; the cache; batched augmentation; the CLI."""
+
+import csv
+import gzip
+import math
+import os
+import pickle
+import re
+import struct
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from helpers import make_folders, run_train, write_image
+from PIL import Image
+
+from vit import ViTClassifier, cli, images
+from vit.checkpoint import load_checkpoint
+from vit.data import TwoCircles
+from vit.images import (
+    CIFAR10,
+    CIFAR10_CLASSES,
+    DataError,
+    DataNotFoundError,
+    FashionMNIST,
+    ImageFolders,
+    holdout,
+    random_crop_flip,
+)
+
+
+def test_image_folders_classes_shapes_and_dtypes(tmp_path):
+    data = ImageFolders(str(make_folders(tmp_path)), image_size=12, val_size=3)
+    assert data.classes == ["ant", "bee", "cat"] and data.num_classes == 3
+    assert data.image_size == 12 and data.in_channels == 3
+    data.setup("fit")
+    train, labels = data.split("train")
+    assert train.shape == (15, 3, 12, 12) and train.dtype == torch.uint8 and labels.dtype == torch.int64
+    # every mode became a flat gray image whose level tells its label
+    flat = train.flatten(1)
+    assert (flat == flat[:, :1]).all()
+    assert torch.equal((flat[:, 0].long() - 1) // 10, labels)
+    x, y = next(iter(data.val_dataloader()))  # model-ready: float in [0, 1]
+    assert x.shape == (3, 3, 12, 12) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+    x, y = next(iter(data.train_dataloader()))  # uint8, for augmentation on the device
+    assert x.dtype == torch.uint8 and len(x) == len(y)
+
+    gray = ImageFolders(str(tmp_path), image_size=8, channels=1, val_size=3)
+    gray.setup("test")
+    x, y = next(iter(gray.test_dataloader()))
+    assert gray.in_channels == 1 and x.shape == (6, 1, 8, 8)
+    assert torch.equal(x[:, 0, 0, 0], (torch.tensor([101, 102, 111, 112, 121, 122]) / 255).float())
+
+
+def test_validation_is_held_out_disjoint_and_seeded(tmp_path):
+    make_folders(tmp_path)
+
+    def values(seed):
+        data = ImageFolders(str(tmp_path), image_size=4, val_size=0.25, seed=seed)
+        data.setup("fit")
+        train, val = (set(data.split(s)[0][:, 0, 0, 0].tolist()) for s in ("train", "val"))
+        return train, val
+
+    train, val = values(0)
+    assert len(val) == round(0.25 * 18) and not train & val and len(train | val) == 18
+    assert values(0) == (train, val)  # the same seed holds out the same images
+    assert values(1)[1] != val
+    assert all(v < 100 for v in train | val)  # nothing from the test folder
+
+    train_idx, val_idx = holdout(100, 10, seed=3)
+    assert len(val_idx) == 10 and len(set(train_idx.tolist()) | set(val_idx.tolist())) == 100
+
+
+def test_val_folder_is_used_and_test_split_is_separate(tmp_path):
+    make_folders(tmp_path, per_class={"train": 3, "val": 1, "test": 2})
+    data = ImageFolders(str(tmp_path), image_size=4, val_size=0.5)
+    data.setup("fit")
+    assert len(data.split("train")[1]) == 9 and len(data.split("val")[1]) == 3  # val_size unused
+    assert "test" not in data.splits
+    data.setup("test")
+    assert (data.split("test")[0] > 100).all() and (data.split("train")[0] < 100).all()
+
+
+def test_cache_is_written_reused_and_rebuilt(tmp_path, monkeypatch):
+    make_folders(tmp_path)
+    decode = images.decode_images
+    calls = []
+    monkeypatch.setattr(images, "decode_images", lambda *a, **k: calls.append(1) or decode(*a, **k))
+
+    def train_values():
+        data = ImageFolders(str(tmp_path), image_size=4, val_size=2)
+        data.setup("fit")
+        return sorted(data.split("train")[0][:, 0, 0, 0].tolist() + data.split("val")[0][:, 0, 0, 0].tolist())
+
+    first = train_values()
+    cache = tmp_path / ".vit-cache" / "train-4x4-RGB.pt"
+    assert cache.is_file() and len(calls) == 1
+    assert train_values() == first and len(calls) == 1  # read from the cache, not decoded
+    ImageFolders(str(tmp_path), image_size=5, val_size=2).setup("fit")  # another size: its own cache
+    assert len(calls) == 2 and (tmp_path / ".vit-cache" / "train-5x5-RGB.pt").is_file()
+
+    write_image(tmp_path / "train" / "ant" / "00.png", 99, "RGB", (3, 3))  # a file changes
+    changed = train_values()
+    assert len(calls) == 3 and 99 in changed and 1 not in changed
+
+
+def test_read_only_data_folder_caches_in_the_user_folder(tmp_path, monkeypatch):
+    root = make_folders(tmp_path / "data")
+    monkeypatch.setattr(images, "USER_CACHE", tmp_path / "user-cache")
+    os.chmod(root, 0o555)  # no write bits: left alone, even by root
+    try:
+        ImageFolders(str(root), image_size=4, val_size=2).setup("fit")
+    finally:
+        os.chmod(root, 0o755)
+    assert not (root / ".vit-cache").exists()
+    assert len(list((tmp_path / "user-cache").glob("data-*/train-4x4-RGB.pt"))) == 1
+
+
+def test_bad_file_stops_with_its_name_or_is_skipped_and_counted(tmp_path, capsys):
+    make_folders(tmp_path)
+    bad = tmp_path / "train" / "bee" / "03.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(DataError, match=f"cannot read image {re.escape(str(bad))} .*on_bad_file=skip"):
+        ImageFolders(str(tmp_path), image_size=4, val_size=2).setup("fit")
+
+    data = ImageFolders(str(tmp_path), image_size=4, val_size=2, on_bad_file="skip")
+    data.setup("fit")
+    assert len(data.split("train")[1]) + len(data.split("val")[1]) == 17
+    assert "skipped 1 unreadable files" in capsys.readouterr().err
+    # the cache remembers the skipped file: still an error without skip
+    with pytest.raises(DataError, match="cannot read image .*03.png"):
+        ImageFolders(str(tmp_path), image_size=4, val_size=2).setup("fit")
+
+
+def test_missing_or_inconsistent_folders_are_clear_errors(tmp_path):
+    missing = re.escape(str(tmp_path / "nope" / "train"))
+    with pytest.raises(DataNotFoundError, match=f"image folder not found: {missing}"):
+        ImageFolders(str(tmp_path / "nope"))
+    make_folders(tmp_path / "a")
+    make_folders(tmp_path / "a", classes=("ant", "dog"), per_class={"test": 1})
+    with pytest.raises(DataError, match=r"class folders of .*: missing none, extra \['dog'\]"):
+        ImageFolders(str(tmp_path / "a"))
+    make_folders(tmp_path / "b", per_class={"train": 2})
+    with pytest.raises(DataNotFoundError, match="no test split"):
+        ImageFolders(str(tmp_path / "b"), val_size=1).setup("test")
+    # CIFAR-10 offline with no copy: where to put the files
+    with pytest.raises(FileNotFoundError, match="put torchvision's cifar-10-batches-py folder there"):
+        CIFAR10(str(tmp_path / "nope"))
+
+
+def test_cifar10_reads_image_folders_and_checks_class_names(tmp_path):
+    root = make_folders(tmp_path / "jpeg", classes=CIFAR10_CLASSES, per_class={"train": 2, "test": 1})
+    write_image(root / "test" / "cat" / "01.jpg", 50, "RGB", (32, 32))
+    data = CIFAR10(str(root), val_size=4)
+    data.setup("fit")
+    data.setup("test")
+    assert data.classes == CIFAR10_CLASSES and (data.num_classes, data.image_size, data.in_channels) == (
+        10,
+        32,
+        3,
+    )
+    assert len(data.split("train")[1]) == 16 and len(data.split("test")[1]) == 11
+    make_folders(tmp_path / "other", classes=("ant", "bee"))
+    with pytest.raises(DataError, match="missing .*'airplane'"):
+        CIFAR10(str(tmp_path / "other"))
+
+
+def write_torchvision_cifar(root: Path, per_batch: int = 2) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for b, name in enumerate(names):
+        labels = [(b + i) % 10 for i in range(per_batch)]
+        data = np.stack([np.full(3072, 10 * b + i, dtype=np.uint8) for i in range(per_batch)])
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": data, "labels": labels}, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": CIFAR10_CLASSES}, f)
+
+
+def test_cifar10_reads_torchvision_layout_and_explains_a_failed_download(tmp_path, monkeypatch):
+    write_torchvision_cifar(tmp_path / "tv")
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args, **kwargs: True)
+    data = CIFAR10(str(tmp_path / "tv"), val_size=2)
+    data.setup("fit")
+    data.setup("test")
+    train, labels = data.split("train")
+    assert train.shape == (8, 3, 32, 32) and train.dtype == torch.uint8
+    assert torch.equal(data.split("test")[0][:, 0, 0, 0], torch.tensor([50, 51], dtype=torch.uint8))
+    assert torch.equal(data.split("test")[1], torch.tensor([5, 6]))
+
+    def offline(self):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", offline)
+    data = CIFAR10(str(tmp_path / "empty"), download=True)
+    with pytest.raises(DataError, match="download failed .*put torchvision's cifar-10-batches-py"):
+        data.prepare_data()
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = b"\x00\x00\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("layout", ["flat", "torchvision"])
+def test_fashion_mnist_reads_idx_files(tmp_path, layout):
+    folder = tmp_path if layout == "flat" else tmp_path / "FashionMNIST" / "raw"
+    for prefix, n in (("train", 12), ("t10k", 4)):
+        pictures = np.arange(n * 28 * 28).reshape(n, 28, 28) % 251
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pictures)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    data = FashionMNIST(str(tmp_path), val_size=2)
+    assert (data.num_classes, data.image_size, data.in_channels) == (10, 28, 1)
+    data.setup("fit")
+    data.setup("test")
+    assert data.split("train")[0].shape == (10, 1, 28, 28) and len(data.split("val")[1]) == 2
+    x, y = next(iter(data.test_dataloader()))
+    assert x.shape == (4, 1, 28, 28) and torch.equal(y, torch.arange(4))
+    assert x[1, 0, 0, 0] == (28 * 28 % 251) / 255
+
+    padded = FashionMNIST(str(tmp_path), image_size=32, val_size=2)
+    padded.setup("test")
+    x32, _ = next(iter(padded.test_dataloader()))
+    assert x32.shape == (4, 1, 32, 32) and torch.equal(x32[:, :, 2:30, 2:30], x)
+    assert x32[:, :, :2].abs().sum() == 0  # black border
+    # preprocess of the same pictures as PIL images gives what the test loader gives
+    pictures = [Image.fromarray((image[0] * 255).round().byte().numpy()) for image in x]
+    assert torch.equal(padded.preprocess(pictures), x32)
+
+    (folder / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataNotFoundError, match="dataset-fashion-mnist"):
+        FashionMNIST(str(tmp_path))
+
+
+def test_preprocess_matches_the_test_loader(tmp_path):
+    root = make_folders(tmp_path)
+    write_image(root / "test" / "bee" / "09.jpg", 77, "RGB", (50, 37))
+    data = ImageFolders(str(root), image_size=12, val_size=2)
+    data.setup("test")
+    x, _ = next(iter(data.test_dataloader()))
+    files = sorted((root / "test").glob("*/*"))  # the loader's order: by class, then name
+    assert torch.equal(data.preprocess([Image.open(f) for f in files]), x)
+    circles = TwoCircles().preprocess([Image.new("RGB", (40, 30), "white")])
+    assert circles.shape == (1, 1, 32, 32) and circles.dtype == torch.float32 and circles.min() == 1
+
+
+def test_crop_and_flip_draw_per_sample():
+    image = (torch.arange(64) + 1).to(torch.uint8).view(1, 1, 8, 8)  # every pixel different
+    batch = image.expand(64, 1, 8, 8)
+    padded = F.pad(image, (2, 2, 2, 2))[0, 0]
+    windows = {(dy, dx): padded[dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)}
+    cropped = random_crop_flip(batch, padding=2, flip=False)
+    offsets = [[o for o, window in windows.items() if torch.equal(c[0], window)] for c in cropped]
+    assert all(len(o) == 1 for o in offsets)  # each output is one window of the padded image
+    assert len({o[0] for o in offsets}) > 5  # drawn per sample
+
+    flipped = random_crop_flip(batch, padding=0, flip=True)
+    mirrored = (flipped == batch.flip(-1)).flatten(1).all(1)
+    assert ((flipped == batch).flatten(1).all(1) | mirrored).all() and 0 < mirrored.sum() < 64
+
+
+@pytest.mark.parametrize("policy", ["none", "trivial", "randaugment"])
+def test_batched_augmentation_keeps_shapes_and_labels(tmp_path, policy):
+    data = ImageFolders(
+        str(make_folders(tmp_path)), image_size=16, val_size=2, policy=policy, policy_groups=4
+    )
+    labels = torch.arange(32) % 3
+    batch = ((labels + 1) * 60).to(torch.uint8)[:, None, None, None].expand(32, 3, 16, 16).contiguous()
+    x, y = data.augment(batch, labels)
+    assert x.shape == (32, 3, 16, 16) and x.dtype == torch.float32 and torch.equal(y, labels)
+    assert 0 <= x.min() and x.max() <= 1
+    if policy == "none":  # crop and flip only: each image is its own level or padding (0)
+        levels = ((labels + 1) * 60 / 255)[:, None]
+        flat = x.flatten(1)
+        assert ((flat == 0) | torch.isclose(flat, levels)).all()
+        assert torch.isclose(flat.amax(1), levels[:, 0]).all()
+
+
+@pytest.mark.parametrize(
+    "mix", [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}, {"mixup_alpha": 0.2, "cutmix_alpha": 1.0}]
+)
+def test_mixing_gives_soft_labels_that_sum_to_one(tmp_path, mix):
+    data = ImageFolders(str(make_folders(tmp_path)), image_size=16, val_size=2, **mix)
+    batch = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8)
+    x, y = data.augment(batch, torch.arange(16) % 3)
+    assert x.shape == (16, 3, 16, 16) and y.shape == (16, 3) and y.dtype == torch.float32
+    torch.testing.assert_close(y.sum(1), torch.ones(16))
+
+
+def test_classifier_takes_soft_labels():
+    torch.manual_seed(0)
+    model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", patch_size=4)
+    x, hard = torch.rand(6, 3, 16, 16), torch.tensor([0, 1, 2, 1, 0, 2])
+    soft = F.one_hot(hard, 3).float() * 0.7 + 0.1
+    with pytest.warns(UserWarning, match="self.log"):  # no trainer attached
+        loss = model.training_step((x, soft), 0)
+    torch.testing.assert_close(loss, F.cross_entropy(model(x), soft, label_smoothing=0.1))
+    predicted = model(x).argmax(1)
+    assert model.train_acc.compute() == (predicted == hard).float().mean()
+
+
+def train_args(root: Path, runs: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        "--model.preset", "micro",
+        "--model.patch_size", "4",
+        "--data", "vit.images.ImageFolders",
+        "--data.root", str(root),
+        "--data.image_size", "16",
+        "--data.batch_size", "8",
+        "--data.val_size", "4",
+        "--trainer.max_epochs", "1",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.logger.init_args.save_dir", str(runs),
+        "--trainer.logger.init_args.name", "folders",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path, runs):
+    root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
+    cli.main(train_args(root, runs, "--data.mixup_alpha", "0.2"))
+    run = runs / "folders" / "version_0"
+    assert "class_path: vit.images.ImageFolders" in (run / "config.yaml").read_text()
+    with open(run / "metrics.csv") as f:  # MixUp's soft labels: loss and accuracy are logged
+        rows = list(csv.DictReader(f))
+    assert [float(r["train/acc"]) for r in rows if r.get("train/acc")]
+    assert all(math.isfinite(float(r["train/loss"])) for r in rows if r.get("train/loss"))
+    model, data = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert isinstance(data, ImageFolders) and data.root == root and data.classes == ["ant", "bee", "cat"]
+    assert (
+        model.hparams.num_classes == 3 and model.hparams.image_size == 16 and data.hparams.mixup_alpha == 0.2
+    )
+    data.setup("test")
+    x, y = next(iter(data.test_dataloader()))
+    assert model(x).shape == (6, 3)
+
+    # a file that turns out unreadable while fitting: one line naming it, from the command too
+    bad = root / "train" / "cat" / "bad.png"
+    bad.write_text("oops")
+    with pytest.raises(SystemExit, match=f"^error: cannot read image {re.escape(str(bad))}"):
+        cli.main(train_args(root, runs))
+    result = run_train(*train_args(tmp_path / "missing", runs), cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert errors[-1].startswith(f"error: image folder not found: {tmp_path / 'missing' / 'train'}")
