@@ -207,9 +207,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--num_train", type=int, default=20000)
     parser.add_argument("--num_test", type=int, default=2000)
-    parser.add_argument(
-        "--fields", type=int, nargs="+", default=[3, 5, 9], help="bag CNN receptive fields"
-    )
+    parser.add_argument("--fields", type=int, nargs="+", default=[3, 5, 9], help="bag CNN receptive fields")
     parser.add_argument("--cnn_width", type=int, default=16, help="channels of the CNNs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
     args = parser.parse_args()
