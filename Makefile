@@ -12,16 +12,14 @@ $(VENV)/installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-# Train a ViT on two circles, test its best checkpoint, draw its class-token attention.
+# Train a ViT on two circles, evaluate its best checkpoint on the test split, draw its attention.
 demo: $(VENV)/installed
 	@start=$$(date +%s); set -e; rm -rf $(DEMO); \
 	$(BIN)/vit-train fit --config configs/two_circles.yaml \
 	  --trainer.logger.init_args.name demo --trainer.logger.init_args.version train; \
-	$(BIN)/vit-train test --config configs/two_circles.yaml \
-	  --trainer.logger.init_args.name demo --trainer.logger.init_args.version test \
-	  --ckpt_path $(DEMO)/train/checkpoints/best.ckpt; \
+	$(BIN)/vit-eval --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/eval; \
 	$(BIN)/vit-attention --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/attention; \
-	echo "demo finished in $$(( $$(date +%s) - start )) s: run in $(DEMO)/train, overlays in $(DEMO)/attention"
+	echo "demo finished in $$(( $$(date +%s) - start )) s: run in $(DEMO)/train, evaluation in $(DEMO)/eval, overlays in $(DEMO)/attention"
 
 lint: $(VENV)/installed
 	$(BIN)/ruff check .

@@ -34,8 +34,10 @@ def test_fit_test_predict_and_attention(runs, capsys):
     assert (run / "config.yaml").is_file()
     assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     rows = metrics(run)
-    assert {"train/loss", "val/loss", "val/acc", "train/acc"} <= set(rows[0])
+    assert {"train/loss", "val/loss", "val/acc", "train/acc", "time/minutes"} <= set(rows[0])
     assert 0.0 <= last_value(rows, "val/acc") <= 1.0
+    minutes = [float(r["time/minutes"]) for r in rows if r.get("time/minutes")]  # one per epoch
+    assert len(minutes) == len([r for r in rows if r.get("val/acc")]) and 0 < minutes[0] <= minutes[-1]
     saved = (run / "config.yaml").read_text()
     assert "preset: micro" in saved and "class_path: vit.data.TwoCircles" in saved
 

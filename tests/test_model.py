@@ -149,6 +149,21 @@ def test_patch_norm_makes_the_model_blind_to_pixel_scale():
         assert model.patch_proj.in_features == 16
 
 
+def test_init_choices():
+    """timm's N(0, 0.02) start, or PyTorch's default linear init with unit-scale class token and
+    positions (vit-pytorch's); anything else is refused."""
+    torch.manual_seed(0)
+    timm = build_vit("mini", num_classes=3, image_size=32, init="timm")
+    torch_init = build_vit("mini", num_classes=3, image_size=32, init="torch")
+    assert timm.pos_embed.std().item() == pytest.approx(0.02, rel=0.1)
+    assert torch_init.pos_embed.std().item() == pytest.approx(0.88, rel=0.1)  # N(0, 1) cut at +-2
+    assert timm.blocks[0].mlp[0].weight.std().item() == pytest.approx(0.02, rel=0.1)
+    fan_in = torch_init.blocks[0].mlp[0].in_features  # kaiming uniform, a = sqrt(5)
+    assert torch_init.blocks[0].mlp[0].weight.std().item() == pytest.approx((3 * fan_in) ** -0.5, rel=0.1)
+    with pytest.raises(ValueError, match="init must be"):
+        build_vit("mini", num_classes=3, init="xavier")
+
+
 def test_image_size_not_divisible_by_patch_size():
     with pytest.raises(ValueError, match=r"30x32 is not divisible by patch size 4"):
         ViT(num_classes=2, image_size=(30, 32), patch_size=4)

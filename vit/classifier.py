@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 import lightning as L
@@ -84,6 +85,14 @@ class Classifier(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train", self.train_acc)
 
+    def on_fit_start(self) -> None:
+        self._fit_started = time.perf_counter()
+
+    def on_validation_epoch_end(self) -> None:
+        # minutes since this fit started, beside val/acc: accuracy against wall time
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.log("time/minutes", (time.perf_counter() - self._fit_started) / 60, rank_zero_only=True)
+
     def validation_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "val", self.val_acc)
 
@@ -140,6 +149,7 @@ class ViTClassifier(Classifier):
         drop_path: float = 0.0,
         fused_attn: bool = True,
         patch_norm: bool = False,
+        init: Literal["timm", "torch"] = "timm",
         **kwargs,
     ):
         if preset not in PRESETS:
@@ -162,6 +172,7 @@ class ViTClassifier(Classifier):
             drop_path=drop_path,
             fused_attn=fused_attn,
             patch_norm=patch_norm,
+            init=init,
         )
 
 
