@@ -125,7 +125,7 @@ def test_mosaic_and_figures(tmp_path):
 
 
 def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp_path, monkeypatch):
-    import vit.visualize
+    import vit.plot
 
     saved = []
 
@@ -135,7 +135,7 @@ def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp
         saved.append(save_figure(fig, path))
         return saved[-1]
 
-    monkeypatch.setattr(vit.visualize, "save_figure", save_then_fail)
+    monkeypatch.setattr(vit.plot, "save_figure", save_then_fail)  # save_all writes through it
     with pytest.raises(OSError, match="disk full"):
         run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "2")
     assert saved and not saved[0].exists() and not (tmp_path / "out").exists()

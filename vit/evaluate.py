@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 import yaml
 from jsonargparse import ArgumentParser
-from matplotlib.figure import Figure
 from PIL import Image
 from torchmetrics.functional.classification import (
     multiclass_accuracy,
@@ -35,7 +34,7 @@ from torchmetrics.functional.classification import (
 
 from vit.checkpoint import load_checkpoint
 from vit.cli import OneLineErrors
-from vit.plot import confusion_figure, reliability_figure, save_figure
+from vit.plot import confusion_figure, reliability_figure, save_all
 
 SPLITS = ("test", "val")
 DEVICES = ("auto", "cpu", "cuda")
@@ -224,27 +223,6 @@ def format_table(metrics: dict) -> str:
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
         lines.append(f"{name:<{width}}  {accuracy:>8}  {row['images']:>6}")
     return "\n".join(lines)
-
-
-def save_all(out: Path, files: dict[str, str | Figure]) -> list[Path]:
-    """Write texts and figures into `out`; if one fails, remove those already written."""
-    existed, written = out.exists(), []
-    try:
-        for name, content in files.items():
-            path = out / name
-            if isinstance(content, str):
-                out.mkdir(parents=True, exist_ok=True)
-                path.write_text(content)
-            else:
-                save_figure(content, path)
-            written.append(path)
-    except BaseException:
-        for path in written:  # leave nothing half-written
-            path.unlink(missing_ok=True)
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
-    return written
 
 
 def evaluate(

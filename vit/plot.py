@@ -285,6 +285,27 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     return path
 
 
+def save_all(out: Path, files: dict[str, str | Figure]) -> list[Path]:
+    """Write texts and figures into `out`; if one fails, remove those already written."""
+    existed, written = out.exists(), []
+    try:
+        for name, content in files.items():
+            path = out / name
+            if isinstance(content, str):
+                out.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            else:
+                save_figure(content, path)
+            written.append(path)
+    except BaseException:
+        for path in written:  # leave nothing half-written
+            path.unlink(missing_ok=True)
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return written
+
+
 def confusion_figure(counts: torch.Tensor, classes: list[str], title: str = "confusion matrix") -> Figure:
     """The confusion matrix `counts` (true class rows, predicted class columns), each row divided
     by its number of images so that the diagonal reads as per-class accuracy. With at most 20

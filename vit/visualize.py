@@ -43,7 +43,7 @@ from vit.plot import (
     layers_heads_figure,
     mean_distance_figure,
     pos_embed_similarity_figure,
-    save_figure,
+    save_all,
 )
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -244,16 +244,7 @@ def attention(
         figures.update(figure_7(model, batch, batch_size))
 
     out = Path(out)
-    existed, written = out.exists(), []
-    try:
-        for file_name, fig in figures.items():
-            written.append(save_figure(fig, out / file_name))
-    except BaseException:
-        for path in written:  # leave nothing half-written
-            path.unlink(missing_ok=True)
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
+    written = save_all(out, figures)
     seconds = time.perf_counter() - started
     print(f"wrote {len(written)} PNG files into {out} for {len(batch)} images in {seconds:.1f} s:")
     for path in written[:3]:
