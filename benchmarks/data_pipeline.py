@@ -1,8 +1,8 @@
 """Does the data pipeline keep up with training? Training throughput fed by the CIFAR10 data module
 against the same training steps on batches already in memory.
 
-    python benchmarks/data_pipeline.py                         # the JPEG copy next to the repo
-    python benchmarks/data_pipeline.py --root data/cifar10 --precision fp32 --policy none
+    python -m benchmarks.data_pipeline                         # the JPEG copy next to the repo
+    python -m benchmarks.data_pipeline --root data/cifar10 --precision fp32 --policy none
 
 One training step = forward, cross-entropy, backward, AdamW step (bf16 autocast by default), on
 the `cifar` preset unless told otherwise. It measures, in alternating rounds after a warm-up:
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.throughput import pick_device, seconds_per_call
 from vit.classifier import adamw
 from vit.images import CIFAR10
 from vit.model import build_vit
@@ -35,11 +35,6 @@ from vit.model import build_vit
 REPO = Path(__file__).resolve().parents[1]
 SHARED_COPY = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_step(model: torch.nn.Module, precision: str, device: torch.device) -> Callable:
@@ -60,24 +55,6 @@ def make_step(model: torch.nn.Module, precision: str, device: torch.device) -> C
 def forever(data: CIFAR10) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     while True:
         yield from data.train_dataloader()
-
-
-def images_per_second(run_batch: Callable[[], None], steps: int, batch: int, device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        run_batch()
-    synchronize(device)
-    return steps * batch / (time.perf_counter() - start)
-
-
-def milliseconds(fn: Callable[[], object], reps: int, device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / reps * 1000
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -106,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.root is None:
         parser.error(f"--root is required ({SHARED_COPY} does not exist)")
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device()
     torch.manual_seed(0)
     data = CIFAR10(
         str(args.root), val_size=args.val_size, batch_size=args.batch, policy=args.policy,
@@ -138,15 +115,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         pipeline()
     alone, fed = [], []
     for _ in range(args.rounds):  # alternating, so that a change in machine load hits both
-        alone.append(images_per_second(model_only, args.steps, args.batch, device))
-        fed.append(images_per_second(pipeline, args.steps, args.batch, device))
+        alone.append(args.batch / seconds_per_call(model_only, args.steps, device))
+        fed.append(args.batch / seconds_per_call(pipeline, args.steps, device))
     results = {"model_only": statistics.median(alone), "pipeline": statistics.median(fed)}
     results["ratio"] = results["pipeline"] / results["model_only"]
 
     uint8_images, labels = next(batches)
     uint8_images, labels = uint8_images.to(device), labels.to(device)
-    results["augment_ms"] = milliseconds(lambda: data.augment(uint8_images, labels), 20, device)
-    results["loader_ms"] = milliseconds(lambda: next(batches), 20, device)
+    results["augment_ms"] = 1000 * seconds_per_call(lambda: data.augment(uint8_images, labels), 20, device)
+    results["loader_ms"] = 1000 * seconds_per_call(lambda: next(batches), 20, device)
     results["step_ms"] = args.batch / results["model_only"] * 1000
 
     print(
