@@ -81,10 +81,20 @@ def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
 class System:
     """One model with its optimizer and a fixed batch on one device, in one precision."""
 
-    def __init__(self, name: str, cfg: dict, batch: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        name: str,
+        cfg: dict,
+        batch: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        compile: bool = False,
+    ):
         torch.manual_seed(0)
         self.name, self.dtype, self.device = name, dtype, device
         self.model = BUILDERS[name](cfg).to(device)
+        if compile:  # in place: the parameters keep their names; the first steps compile
+            self.model.compile()
         self.optimizer = make_optimizer(name, self.model)
         size = cfg["image_size"]
         self.x = torch.randn(batch, 3, size, size, device=device)
@@ -111,9 +121,10 @@ class System:
         """FLOPs of one training step (forward + backward; the optimizer's are negligible)."""
         # The math backend spells attention out as matmuls, which the counter sees; it does not
         # count the CPU flash kernel, so systems on SDPA would look cheaper than they are.
+        # `.forward` runs a compiled model eagerly, where the counter sees every operator.
         with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
             with self.autocast():
-                loss = F.cross_entropy(self.model(self.x), self.y)
+                loss = F.cross_entropy(self.model.forward(self.x), self.y)
             loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
         return counter.get_total_flops()
@@ -140,10 +151,12 @@ def gemm_peak(
     return 2 * n**3 / fastest
 
 
-def measure(names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG) -> dict[str, dict]:
+def measure(
+    names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG, compile=False
+) -> dict[str, dict]:
     """Median images/s (training and inference), FLOPs and FLOP/s per system, interleaved rounds."""
     dtype = PRECISIONS[precision]
-    systems = [System(name, cfg, batch, dtype, device) for name in names]
+    systems = [System(name, cfg, batch, dtype, device, compile) for name in names]
     for system in systems:
         for _ in range(warmup):
             system.train_step()
@@ -205,13 +218,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="training and inference steps per system")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; medians are reported")
     parser.add_argument("--steps", type=int, default=3, help="steps per system per round")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every system's model")
     args = parser.parse_args(argv)
     device = pick_device()
     print(hardware(device))
     print(f"config {CONFIG}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps")
+    print("torch.compile: " + ("every model" if args.compile else "no (eager)"))
     for precision in args.precisions:
         peak = gemm_peak(PRECISIONS[precision], device)
-        results = measure(args.systems, precision, args.batch, args.warmup, args.rounds, args.steps, device)
+        results = measure(
+            args.systems,
+            precision,
+            args.batch,
+            args.warmup,
+            args.rounds,
+            args.steps,
+            device,
+            compile=args.compile,
+        )
         print()
         print(table(precision, results, peak))
 

@@ -1,10 +1,13 @@
 """Helpers shared by the tests: CLI runs, fake image folders."""
 
+import gzip
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +77,11 @@ def make_folders(root: Path, classes=("ant", "bee", "cat"), per_class: dict | No
                 value = 10 * c + j + 1 + (100 if split == "test" else 0)
                 write_image(root / split / name / f"{j:02d}.png", value, MODES[k % 4], SIZES[k % 4])
     return root
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An IDX file as Fashion-MNIST ships them (gzip, unsigned bytes, big-endian sizes)."""
+    header = b"\x00\x00\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())

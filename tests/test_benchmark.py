@@ -33,3 +33,12 @@ def test_measure_reports_every_system(precision):
 
 def test_every_builder_is_named():
     assert set(BUILDERS) == {"ours", "timm", "vit-pytorch"}
+
+
+def test_compiled_systems_count_the_same_flops():
+    """`--compile`: a compiled model trains, and its FLOPs are counted on the eager forward, so
+    they equal the uncompiled count (the counter does not see inside compiled code)."""
+    run = dict(precision="fp32", batch=4, warmup=1, rounds=1, steps=1, device=torch.device("cpu"), cfg=TINY)
+    eager = measure(["ours"], **run)["ours"]
+    compiled = measure(["ours"], **run, compile=True)["ours"]
+    assert compiled["flops"] == eager["flops"] > 0 and compiled["train_ips"] > 0

@@ -87,6 +87,22 @@ def test_bf16_mixed_trains_on_cpu(runs):
     assert torch.isfinite(torch.tensor(last_value(rows, "val/loss")))
 
 
+def test_compile_trains_and_keeps_eager_checkpoints(runs):
+    """`--model.compile true` trains through torch.compile; the compiled network computes what the
+    eager one does, and the checkpoint holds the eager parameter names, so it loads without it."""
+    result = cli.run(["fit", *tiny_args(runs, "--model.compile", "true", "--trainer.max_epochs", "1")])
+    network = result.model.model
+    assert network._compiled_call_impl is not None  # training ran the compiled network
+    images = torch.rand(4, 1, 32, 32)
+    network.eval()
+    torch.testing.assert_close(network(images), network.forward(images), atol=1e-5, rtol=1e-5)
+    best = runs / "tiny" / "version_0" / "checkpoints" / "best.ckpt"
+    names = torch.load(best, weights_only=True)["state_dict"].keys()
+    assert not any("_orig_mod" in name for name in names)
+    model, _ = load_checkpoint(best)
+    assert model.hparams.compile and model.model._compiled_call_impl is None  # eager outside fit
+
+
 # A short run that learns: 8000 images, 4 epochs of the demo's model, about 10 s.
 LEARN = ["--model.preset", "mini", "--data.init_args.num_train", "8000", "--data.init_args.num_val", "400",
          "--data.init_args.batch_size", "64", "--trainer.max_epochs", "4"]  # fmt: skip

@@ -2,12 +2,10 @@
 CIFAR-10 in both layouts, Fashion-MNIST IDX files; the cache; batched augmentation; the CLI."""
 
 import csv
-import gzip
 import math
 import os
 import pickle
 import re
-import struct
 import urllib.error
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from helpers import make_folders, run_train, write_image
+from helpers import make_folders, run_train, write_idx, write_image
 from PIL import Image
 
 from vit import ViTClassifier, cli, images
@@ -201,13 +199,6 @@ def test_cifar10_reads_torchvision_layout_and_explains_a_failed_download(tmp_pat
     data = CIFAR10(str(tmp_path / "empty"), download=True)
     with pytest.raises(DataError, match="download failed .*put torchvision's cifar-10-batches-py"):
         data.prepare_data()
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    header = b"\x00\x00\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 @pytest.mark.parametrize("layout", ["flat", "torchvision"])

@@ -185,3 +185,25 @@ def test_a_cnn_checkpoint_is_refused(tmp_path):
     with pytest.raises(ValueError, match="holds a BagCNN, not a ViT"):
         attention(ckpt=path, images=[tmp_path], out=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_image_files_are_prepared_as_the_data_module_prepares_its_test_images(tmp_path):
+    """A Fashion-MNIST model of 32x32 images saw 28x28 pictures padded with black; a 28x28 file
+    given to vit-attention must be padded the same way, not stretched to 32x32."""
+    from helpers import write_idx
+
+    from vit import ViTClassifier
+    from vit.images import FashionMNIST
+    from vit.visualize import load_images
+
+    for prefix, n in (("train", 4), ("t10k", 2)):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", np.zeros((n, 28, 28)))
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n))
+    data = FashionMNIST(str(tmp_path), image_size=32, val_size=1)
+    model = ViTClassifier(num_classes=10, image_size=32, in_channels=1, preset="micro", patch_size=8).model
+    picture = np.random.default_rng(0).integers(1, 255, (28, 28), dtype=np.uint8)
+    Image.fromarray(picture).save(tmp_path / "shirt.png")
+    batch = load_images([tmp_path / "shirt.png"], model, data)
+    assert batch.shape == (1, 1, 32, 32)
+    assert torch.equal(batch[0, 0, 2:30, 2:30], torch.from_numpy(picture).float() / 255)
+    assert batch[0, 0, :2].abs().sum() == 0  # the black border, as in training

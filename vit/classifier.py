@@ -37,6 +37,7 @@ def adamw(
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then cosine.
+    `compile: true` trains through `torch.compile` (same math, fewer passes over memory).
 
     Subclasses build `self.model` and pass these training settings through `**kwargs`.
     """
@@ -50,6 +51,7 @@ class Classifier(L.LightningModule):
         warmup_fraction: float = 0.05,  # share of all optimizer steps spent warming up linearly
         min_lr_fraction: float = 0.01,  # cosine decays to lr * min_lr_fraction
         label_smoothing: float = 0.1,
+        compile: bool = False,  # torch.compile the network for training (the first steps compile)
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -84,6 +86,12 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train", self.train_acc)
+
+    def setup(self, stage: str) -> None:
+        # In place, so parameter names and checkpoints stay those of the eager network; only
+        # training compiles (evaluation and attention maps run eagerly and need no compiler).
+        if self.hparams.compile and stage == "fit":
+            self.model.compile()
 
     def on_fit_start(self) -> None:
         self._fit_started = time.perf_counter()

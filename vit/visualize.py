@@ -36,6 +36,7 @@ from vit.attention import (
 )
 from vit.checkpoint import load_checkpoint
 from vit.cli import OneLineErrors
+from vit.evaluate import preprocess_file
 from vit.model import ViT
 from vit.plot import (
     batch_figure,
@@ -82,9 +83,12 @@ def image_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def load_images(files: list[Path], model: ViT) -> torch.Tensor:
-    """Image files -> (N, C, H, W) in [0, 1], converted to the model's channels and resized to its
-    image size."""
+def load_images(files: list[Path], model: ViT, datamodule=None) -> torch.Tensor:
+    """Image files -> (N, C, H, W) in [0, 1], prepared as the checkpoint's data module prepares its
+    test images (`preprocess`: Fashion-MNIST pads, folders resize); without a data module,
+    converted to the model's channels and resized to its image size."""
+    if hasattr(datamodule, "preprocess"):
+        return torch.cat([preprocess_file(datamodule, file) for file in files])
     mode = {1: "L", 3: "RGB"}.get(model.patch_proj.in_features // model.patch_size**2)
     if mode is None:
         raise ValueError("image files can only feed models of 1 or 3 channels")
@@ -185,7 +189,7 @@ def attention(
 
     if images:
         files = image_files(images)
-        batch, labels = load_images(files, model), None
+        batch, labels = load_images(files, model, datamodule), None
         captions = [f.name for f in files]
     else:
         if datamodule is None:
