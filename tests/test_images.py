@@ -6,6 +6,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 import urllib.error
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from PIL import Image
 from vit import ViTClassifier, cli, images
 from vit.checkpoint import load_checkpoint
 from vit.data import TwoCircles
+from vit.evaluate import evaluate, predict
 from vit.images import (
     CIFAR10,
     CIFAR10_CLASSES,
@@ -30,6 +32,7 @@ from vit.images import (
     holdout,
     random_crop_flip,
 )
+from vit.visualize import attention
 
 
 def test_image_folders_classes_shapes_and_dtypes(tmp_path):
@@ -345,3 +348,42 @@ def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path,
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert errors[-1].startswith(f"error: image folder not found: {tmp_path / 'missing' / 'train'}")
+
+
+def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(tmp_path, runs, capsys):
+    """Checkpoints record the class names, so `vit-eval predict` and `vit-attention --images` work
+    on a machine without the training folders; evaluating a split there is a one-line error."""
+    root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
+    cli.main(train_args(root, runs))
+    ckpt = runs / "folders" / "version_0" / "checkpoints" / "last.ckpt"
+    recorded = torch.load(ckpt, weights_only=True)["datamodule_hyper_parameters"]
+    assert recorded["classes"] == ["ant", "bee", "cat"]
+    picture = tmp_path / "photo.png"
+    write_image(picture, 120, "RGB", (40, 22))
+    shutil.rmtree(root)
+
+    [result] = predict(ckpt, [picture], top_k=2)
+    assert result["top_k"][0]["class"] in {"ant", "bee", "cat"} and len(result["top_k"]) == 2
+    written = attention(ckpt=ckpt, images=[picture], out=tmp_path / "maps", layer=-1)
+    assert {png.name for png in written} == {"cls.png", "cls_000.png"}
+    with pytest.raises(DataNotFoundError, match="image folder not found"):
+        evaluate(ckpt, progress=False)
+    with pytest.raises(DataNotFoundError, match="image folder not found"):
+        load_checkpoint(ckpt)  # the data is needed unless the caller says otherwise
+
+    # another folder with other classes cannot stand in for the recorded ones
+    other = make_folders(tmp_path / "other", classes=["dog", "eel"], per_class={"train": 2, "test": 2})
+    with pytest.raises(DataError, match=r"missing \['ant', 'bee', 'cat'\], extra \['dog', 'eel'\]"):
+        load_checkpoint(ckpt, data={"root": str(other)})
+
+
+def test_cifar10_and_fashion_mnist_build_without_files_only_when_allowed(tmp_path):
+    for cls in (CIFAR10, FashionMNIST):
+        with pytest.raises(DataNotFoundError):
+            cls(str(tmp_path / "nowhere"))
+        with images.files_optional():
+            data = cls(str(tmp_path / "nowhere"))
+        assert len(data.classes) == 10
+        assert data.preprocess([Image.new("RGB", (50, 40))]).shape[-2:] == (data.image_size,) * 2
+        with pytest.raises(DataNotFoundError):
+            data.setup("test")

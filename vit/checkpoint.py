@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import pickle
 import re
@@ -12,7 +13,7 @@ import torch
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.data import TwoCircles
-from vit.images import CIFAR10, FashionMNIST, ImageFolders
+from vit.images import CIFAR10, FashionMNIST, ImageFolders, files_optional
 
 # Models a checkpoint may name, by the class path LightningCLI records (either spelling);
 # checkpoints without one hold a ViTClassifier.
@@ -54,7 +55,10 @@ def _options(cls: type) -> list[str]:
 
 
 def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", data: dict | None = None
+    path: str | Path,
+    map_location: str | torch.device = "cpu",
+    data: dict | None = None,
+    need_data: bool = True,
 ) -> tuple[Classifier, L.LightningDataModule | None]:
     """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint.
 
@@ -62,6 +66,8 @@ def load_checkpoint(
     that needs arbitrary unpickling is refused with a ValueError, and none of its code runs.
     `data` overrides arguments of the data module before it is built (another folder, another
     test split); an argument it does not take is a ValueError that lists those it does.
+    `need_data=False` (for image files given by the user): the data module is built even where
+    its files are absent, to name the classes and prepare pictures; reading a split then fails.
     """
     path, data = Path(path), dict(data or {})
     if not path.is_file():
@@ -93,7 +99,8 @@ def load_checkpoint(
                 f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}"
             )
         try:
-            datamodule = cls(**{**_public(dm_hparams), **data})
+            with contextlib.nullcontext() if need_data else files_optional():
+                datamodule = cls(**{**_public(dm_hparams), **data})
         except TypeError as e:  # a value of the wrong type, found by the constructor
             given = f" with {data}" if data else ""
             raise ValueError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e

@@ -319,7 +319,7 @@ def predict(
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"image not found: {file}")
-    classifier, datamodule = load_checkpoint(ckpt, data=data)
+    classifier, datamodule = load_checkpoint(ckpt, data=data, need_data=False)
     if datamodule is None:
         raise ValueError(f"{ckpt} names no data module, so nothing says how to prepare image files for it")
     if not hasattr(datamodule, "preprocess"):

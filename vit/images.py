@@ -27,6 +27,7 @@ be drawn as they are.
 
 from __future__ import annotations
 
+import contextvars
 import gzip
 import hashlib
 import os
@@ -35,6 +36,7 @@ import struct
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -69,6 +71,27 @@ class DataError(ValueError):
 
 class DataNotFoundError(DataError, FileNotFoundError):
     """The data files are not where the data module was told to look."""
+
+
+# Inside `files_optional()`, a data module whose files are absent is built all the same: it
+# names its classes and prepares pictures (`preprocess`), and reading a split raises.
+_FILES_OPTIONAL = contextvars.ContextVar("files_optional", default=False)
+
+
+@contextmanager
+def files_optional():
+    """Build data modules without their files (for a checkpoint used on image files elsewhere)."""
+    token = _FILES_OPTIONAL.set(True)
+    try:
+        yield
+    finally:
+        _FILES_OPTIONAL.reset(token)
+
+
+def files_missing(message: str) -> None:
+    """The data files are absent: a DataNotFoundError, unless inside `files_optional()`."""
+    if not _FILES_OPTIONAL.get():
+        raise DataNotFoundError(message)
 
 
 def one_line(error: BaseException) -> str:
@@ -134,9 +157,10 @@ def class_folders(folder: Path) -> list[str]:
     return names
 
 
-def check_same_classes(folder: Path, classes: list[str], reference: Path) -> None:
+def check_same_classes(folder: Path, classes: list[str], reference: Path | str) -> None:
+    """`folder` has one class folder per name in `classes` (in any order), and no others."""
     found = class_folders(folder)
-    if found != classes:
+    if set(found) != set(classes):
         missing, extra = sorted(set(classes) - set(found)), sorted(set(found) - set(classes))
         raise DataError(
             f"{folder} must have the class folders of {reference}: missing {missing or 'none'}, "
@@ -491,7 +515,8 @@ class CIFAR10(ImageDataModule):
             self.layout = "folders"
             check_same_classes(self.root / "train", CIFAR10_CLASSES, Path("CIFAR-10"))
         else:
-            raise DataNotFoundError(self.where_to_put_files())
+            files_missing(self.where_to_put_files())
+            self.layout = None  # no files: pictures only
 
     def where_to_put_files(self) -> str:
         return (
@@ -511,6 +536,8 @@ class CIFAR10(ImageDataModule):
                 raise DataError(f"download failed ({one_line(e)}); {self.where_to_put_files()}") from e
 
     def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layout is None:
+            raise DataNotFoundError(self.where_to_put_files())
         if self.layout == "folders":
             if not (self.root / name).is_dir():
                 raise DataNotFoundError(
@@ -530,7 +557,8 @@ class CIFAR10(ImageDataModule):
 
 class ImageFolders(ImageDataModule):
     """Folders of image files: `root/train/<class>/*`, and `root/val/` and/or `root/test/` with the
-    same class folders. Classes are the sorted folder names.
+    same class folders. Classes are the sorted folder names, or `classes` in the order given
+    (checkpoints record them, and a folder evaluated later must have the same class folders).
 
     Images of any size and mode (grayscale, palette, RGBA, ...) are converted to RGB, or to
     grayscale with `channels: 1`, and resized to `image_size` x `image_size` (bilinear, aspect not
@@ -547,22 +575,33 @@ class ImageFolders(ImageDataModule):
         channels: Literal[1, 3] = 3,
         val_size: int | float = 0.1,
         on_bad_file: Literal["error", "skip"] = "error",
+        classes: list[str] | None = None,  # label order; default: the sorted train class folders
         **kwargs,
     ):
         require(image_size >= 1, f"image_size={image_size} must be at least 1")
         require(channels in (1, 3), f"channels={channels} must be 1 (grayscale) or 3 (RGB)")
         require(on_bad_file in ("error", "skip"), f"on_bad_file={on_bad_file!r} must be 'error' or 'skip'")
         train = Path(root).expanduser() / "train"
-        if not train.is_dir():
-            raise DataNotFoundError(
-                f"image folder not found: {train} (ImageFolders reads {root}/train/<class>/<images> "
-                f"and {root}/val/ and/or {root}/test/ alike)"
-            )
-        classes = class_folders(train)
+        absent = (
+            f"image folder not found: {train} (ImageFolders reads {root}/train/<class>/<images> "
+            f"and {root}/val/ and/or {root}/test/ alike)"
+        )
+        if train.is_dir():
+            if classes is None:
+                classes = class_folders(train)
+            else:
+                require(len(set(classes)) == len(classes), f"classes={classes} names a class twice")
+                check_same_classes(train, classes, "the classes given (a checkpoint's: its model's outputs)")
+        elif classes is None:  # nothing to name the classes
+            raise DataNotFoundError(absent)
+        else:
+            files_missing(absent)
         super().__init__(
             root, classes=classes, image_size=image_size, in_channels=channels, val_size=val_size, **kwargs
         )
         self.save_hyperparameters()
+        # recorded in checkpoints, so a checkpoint names its classes where the folders are absent
+        self.hparams["classes"] = self.classes
         self.on_bad_file = on_bad_file
         self.has_val_split = (self.root / "val").is_dir()
         for name in ("val", "test"):
@@ -607,8 +646,11 @@ class FashionMNIST(ImageDataModule):
         )
         self.save_hyperparameters()
         self.files = self.find_files()
+        if self.files is None:
+            files_missing(self.where_to_put_files())
 
-    def find_files(self) -> dict[str, Path]:
+    def find_files(self) -> dict[str, Path] | None:
+        """The four files, gzipped or not, in `root` or torchvision's `root/FashionMNIST/raw`."""
         names = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
         for folder in (self.root, self.root / "FashionMNIST" / "raw"):
             found = {}
@@ -619,7 +661,11 @@ class FashionMNIST(ImageDataModule):
                         break
             if len(found) == len(names):
                 return found
-        raise DataNotFoundError(
+        return None
+
+    def where_to_put_files(self) -> str:
+        names = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
+        return (
             f"Fashion-MNIST not found: expected {', '.join(n + '.gz' for n in names)} in {self.root} "
             f"or {self.root}/FashionMNIST/raw (Debian: apt-get install dataset-fashion-mnist puts them "
             f"in /usr/share/datasets/fashion-mnist)"
@@ -633,6 +679,8 @@ class FashionMNIST(ImageDataModule):
         return self.pad(to_pixels(image, "L", 28))
 
     def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.files is None:
+            raise DataNotFoundError(self.where_to_put_files())
         image_file, label_file = (self.files[n] for n in FASHION_MNIST_FILES[name])
         images, labels = read_idx(image_file), read_idx(label_file)
         if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:

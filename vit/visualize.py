@@ -174,7 +174,7 @@ def attention(
         if threads < 1:
             raise ValueError(f"threads={threads} must be at least 1")
         torch.set_num_threads(threads)
-    classifier, datamodule = load_checkpoint(ckpt)
+    classifier, datamodule = load_checkpoint(ckpt, need_data=not images)  # files need no data set
     if not isinstance(classifier.model, ViT):
         raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT: it has no attention")
     model: ViT = classifier.model
