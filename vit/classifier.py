@@ -157,7 +157,7 @@ class ViTClassifier(Classifier):
         drop_path: float = 0.0,
         fused_attn: bool = True,
         patch_norm: bool = False,
-        init: Literal["timm", "torch"] = "timm",
+        init: Literal["timm", "torch"] = "torch",
         **kwargs,
     ):
         if preset not in PRESETS:

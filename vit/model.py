@@ -200,7 +200,7 @@ class ViT(nn.Module):
         drop_path: float = 0.0,  # stochastic-depth rate of the last block, linear from 0
         fused_attn: bool = True,
         patch_norm: bool = False,  # LayerNorm before and after the patch projection (vit-pytorch)
-        init: Literal["timm", "torch"] = "timm",
+        init: Literal["timm", "torch"] = "torch",
     ):
         super().__init__()
         image_h, image_w = pair(image_size)
