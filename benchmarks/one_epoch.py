@@ -42,7 +42,7 @@ def build(name: str, init: str) -> torch.nn.Module:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["ours", "vit-pytorch"], default="ours")
-    parser.add_argument("--init", choices=["timm", "torch"], default="timm", help="ours only")
+    parser.add_argument("--init", choices=["timm", "torch"], default="torch", help="ours only")
     parser.add_argument("--root", default=str(SHARED_COPY), help="CIFAR-10 (torchvision or image folders)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -57,6 +57,16 @@ def test_image_folders_classes_shapes_and_dtypes(tmp_path):
     assert gray.in_channels == 1 and x.shape == (6, 1, 8, 8)
     assert torch.equal(x[:, 0, 0, 0], (torch.tensor([101, 102, 111, 112, 121, 122]) / 255).float())
 
+    # classes given in another order: labels follow it (the cache, keyed on that order, too)
+    ordered = ImageFolders(str(tmp_path), image_size=8, channels=1, val_size=3, classes=["cat", "ant", "bee"])
+    ordered.setup("test")
+    x, y = next(iter(ordered.test_dataloader()))
+    assert torch.equal(x[:, 0, 0, 0], (torch.tensor([121, 122, 101, 102, 111, 112]) / 255).float())
+    assert torch.equal(y, torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert ordered.hparams.classes == ["cat", "ant", "bee"]
+    with pytest.raises(ValueError, match="names a class twice"):
+        ImageFolders(str(tmp_path), classes=["ant", "ant", "bee", "cat"])
+
 
 def test_validation_is_held_out_disjoint_and_seeded(tmp_path):
     make_folders(tmp_path)

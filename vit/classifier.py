@@ -88,8 +88,9 @@ class Classifier(L.LightningModule):
         return self._step(batch, "train", self.train_acc)
 
     def setup(self, stage: str) -> None:
-        # In place, so parameter names and checkpoints stay those of the eager network; only
-        # training compiles (evaluation and attention maps run eagerly and need no compiler).
+        # In place, so parameter names and checkpoints stay those of the eager network. From fit
+        # on the network stays compiled in this process (validation, and a later test or predict
+        # in the same process, too); vit-eval and vit-attention rebuild it eagerly.
         if self.hparams.compile and stage == "fit":
             self.model.compile()
 
