@@ -58,6 +58,7 @@ FASHION_MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
+FASHION_MNIST_NAMES = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
 POLICIES = {"trivial": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 USER_CACHE = Path.home() / ".cache" / "vit"  # the cache when the data folder is read-only
 CACHE_VERSION = 1  # bump when the decoding changes, so old caches are rebuilt
@@ -98,17 +99,19 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def to_pixels(image: Image.Image, mode: str, size: int) -> torch.Tensor:
-    """A PIL image -> uint8 (C, size, size): converted to `mode` ("RGB" or "L"), resized (bilinear).
-    Alpha is dropped; a palette image goes through RGBA so that its transparency is read too."""
+def to_pixels(image: Image.Image, mode: str, size: int | tuple[int, int]) -> torch.Tensor:
+    """A PIL image -> uint8 (C, H, W): converted to `mode` ("RGB" or "L"), resized (bilinear) to
+    `size` (H, W), or (size, size) for an int. Alpha is dropped; a palette image goes through RGBA
+    so that its transparency is read too."""
+    height, width = (size, size) if isinstance(size, int) else size
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode != mode:
         image = image.convert(mode)
-    if image.size != (size, size):
-        image = image.resize((size, size), Image.Resampling.BILINEAR)
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.Resampling.BILINEAR)
     pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-    return pixels.view(size, size, len(mode)).permute(2, 0, 1)
+    return pixels.view(height, width, len(mode)).permute(2, 0, 1)
 
 
 def to_float(images: torch.Tensor) -> torch.Tensor:
@@ -651,22 +654,21 @@ class FashionMNIST(ImageDataModule):
 
     def find_files(self) -> dict[str, Path] | None:
         """The four files, gzipped or not, in `root` or torchvision's `root/FashionMNIST/raw`."""
-        names = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
         for folder in (self.root, self.root / "FashionMNIST" / "raw"):
             found = {}
-            for name in names:
+            for name in FASHION_MNIST_NAMES:
                 for path in (folder / f"{name}.gz", folder / name):
                     if path.is_file():
                         found[name] = path
                         break
-            if len(found) == len(names):
+            if len(found) == len(FASHION_MNIST_NAMES):
                 return found
         return None
 
     def where_to_put_files(self) -> str:
-        names = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
+        expected = ", ".join(name + ".gz" for name in FASHION_MNIST_NAMES)
         return (
-            f"Fashion-MNIST not found: expected {', '.join(n + '.gz' for n in names)} in {self.root} "
+            f"Fashion-MNIST not found: expected {expected} in {self.root} "
             f"or {self.root}/FashionMNIST/raw (Debian: apt-get install dataset-fashion-mnist puts them "
             f"in /usr/share/datasets/fashion-mnist)"
         )

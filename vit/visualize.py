@@ -37,6 +37,7 @@ from vit.attention import (
 from vit.checkpoint import load_checkpoint
 from vit.cli import OneLineErrors
 from vit.evaluate import preprocess_file
+from vit.images import to_float, to_pixels
 from vit.model import ViT
 from vit.plot import (
     batch_figure,
@@ -92,17 +93,14 @@ def load_images(files: list[Path], model: ViT, datamodule=None) -> torch.Tensor:
     mode = {1: "L", 3: "RGB"}.get(model.patch_proj.in_features // model.patch_size**2)
     if mode is None:
         raise ValueError("image files can only feed models of 1 or 3 channels")
-    height, width = model.image_size
     images = []
     for file in files:
         try:
             with Image.open(file) as picture:
-                picture = picture.convert(mode).resize((width, height), Image.Resampling.BILINEAR)
-        except OSError as e:
+                images.append(to_pixels(picture, mode, model.image_size))
+        except (OSError, Image.DecompressionBombError) as e:
             raise ValueError(f"cannot read image {file}: {e}") from e
-        pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8)
-        images.append(pixels.view(height, width, len(mode)).permute(2, 0, 1).float() / 255)
-    return torch.stack(images)
+    return to_float(torch.stack(images))
 
 
 def _check(
