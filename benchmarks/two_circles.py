@@ -147,9 +147,21 @@ def attention_analysis(model: ViTClassifier, data: TwoCircles, out: Path, n: int
 
 
 def by_separation(correct: torch.Tensor, separation: torch.Tensor) -> dict[str, float]:
-    """Accuracy per 1-pixel bin of separation."""
+    """Accuracy per 1-pixel bin of separation, keyed by the bin's lower edge."""
     bins = separation.floor().long()
     return {str(b): correct[bins == b].float().mean().item() for b in bins.unique().tolist()}
+
+
+def separation_curve(
+    runs: list[dict], split: str, span: tuple[float, float]
+) -> tuple[list[float], list[float]]:
+    """Accuracy (mean over seeds) of one split per 1-pixel bin, placed at the middle of the part
+    of the bin inside the split's `span` of separations. The test and far splits are kept apart:
+    both have a 14-pixel bin (14-14.5 and 14.5-15 pixels)."""
+    curves = [r[split]["by_separation"] for r in runs]
+    keys = sorted({int(k) for c in curves for k in c})
+    middles = [(max(k, span[0]) + min(k + 1, span[1])) / 2 for k in keys]
+    return middles, [statistics.mean(c[str(k)] for c in curves if str(k) in c) for k in keys]
 
 
 def summary(values: list[float]) -> str:
@@ -180,17 +192,17 @@ def write_table(results: dict, attention: dict, path: Path, args: argparse.Names
 
 
 def plot(results: dict, out: Path, fields: list[int]) -> None:
-    fig = Figure(figsize=(7, 4), layout="constrained")
+    fig = Figure(figsize=(8.5, 4), layout="constrained")
     ax = fig.subplots()
     for name, entry in results.items():
-        curves = [r["test"]["by_separation"] | r["far"]["by_separation"] for r in entry["runs"]]
-        keys = sorted({int(k) for c in curves for k in c})
-        means = [statistics.mean(c[str(k)] for c in curves if str(k) in c) for k in keys]
-        ax.plot(keys, means, marker="o", label=name)
+        test = separation_curve(entry["runs"], "test", DATA["separation"])
+        far = separation_curve(entry["runs"], "far", DATA["far_separation"])
+        (line,) = ax.plot(*test, marker="o", label=name)
+        ax.plot(*far, marker="o", linestyle="--", color=line.get_color())
     ax.axhline(0.25, color="gray", linestyle=":", label="chance")
-    ax.set(xlabel="separation of the centres (pixels; beyond the training range on the right)",
+    ax.set(xlabel="separation of the centres (pixels; dashed: the far split, beyond the training range)",
            ylabel="test accuracy")  # fmt: skip
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.savefig(out / "accuracy_vs_separation.png", dpi=120)
 
     fig = Figure(figsize=(5, 3.5), layout="constrained")

@@ -48,3 +48,30 @@ def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
     assert results["ratio"] == results["pipeline"] / results["model_only"]
     out = capsys.readouterr().out
     assert "(a) model only:" in out and "(b) with pipeline:" in out and "ratio (b)/(a):" in out
+
+
+def test_short_run_smoke(tmp_path, capsys):
+    from benchmarks.short_run import main
+    from vit.images import CIFAR10_CLASSES
+
+    root = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 2})
+    tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--mlp_ratio", "1"]
+    steps = ["--val_size", "4", "--batch_size", "4", "--limit", "2", "--epochs", "2"]
+    main(["--root", str(root), *tiny, *steps])
+    out = capsys.readouterr().out
+    assert "epoch 1/2 val/acc" in out and "epoch 2/2 val/acc" in out
+
+
+def test_separation_curves_keep_test_and_far_images_apart():
+    """Test separations end at 14.5 pixels, far ones start there, and both have a 14-pixel bin:
+    the 14.2-pixel test images and the 14.7-pixel far images stay on different curves."""
+    import torch
+
+    from benchmarks.two_circles import by_separation, separation_curve
+
+    run = {
+        "test": {"by_separation": by_separation(torch.tensor([1, 1, 0]), torch.tensor([13.9, 14.2, 14.4]))},
+        "far": {"by_separation": by_separation(torch.tensor([0, 0, 1]), torch.tensor([14.6, 14.7, 15.1]))},
+    }
+    assert separation_curve([run], "test", (12.0, 14.5)) == ([13.5, 14.25], [1.0, 0.5])
+    assert separation_curve([run], "far", (14.5, 15.9)) == ([14.75, 15.45], [0.0, 1.0])

@@ -75,6 +75,16 @@ def test_print_config_shows_the_resolved_config(runs, capsys):
     assert not runs.exists()
 
 
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_config_parses(config, capsys):
+    """A misspelt key or a value of the wrong type in a shipped config fails here, not after a
+    user's data has been decoded."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "model:\n  class_path: vit." in capsys.readouterr().out
+
+
 def test_bf16_mixed_trains_on_cpu(runs):
     result = cli.run(
         ["fit", *tiny_args(runs, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")]
