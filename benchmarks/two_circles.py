@@ -191,12 +191,12 @@ def write_table(results: dict, attention: dict, path: Path, args: argparse.Names
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot(results: dict, out: Path, fields: list[int]) -> None:
+def plot(results: dict, out: Path, fields: list[int], data: dict) -> None:
     fig = Figure(figsize=(8.5, 4), layout="constrained")
     ax = fig.subplots()
     for name, entry in results.items():
-        test = separation_curve(entry["runs"], "test", DATA["separation"])
-        far = separation_curve(entry["runs"], "far", DATA["far_separation"])
+        test = separation_curve(entry["runs"], "test", data["separation"])
+        far = separation_curve(entry["runs"], "far", data["far_separation"])
         (line,) = ax.plot(*test, marker="o", label=name)
         ax.plot(*far, marker="o", linestyle="--", color=line.get_color())
     ax.axhline(0.25, color="gray", linestyle=":", label="chance")
@@ -225,7 +225,13 @@ def main() -> None:
     parser.add_argument("--fields", type=int, nargs="+", default=[3, 5, 9], help="bag CNN receptive fields")
     parser.add_argument("--cnn_width", type=int, default=16, help="channels of the CNNs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
+    parser.add_argument("--replot", action="store_true", help="only redraw the plots from --out/results.json")
     args = parser.parse_args()
+    if args.replot:
+        record = json.loads((args.out / "results.json").read_text())
+        plot(record["results"], args.out, record["args"]["fields"], record["data"])
+        print(f"redrew the plots in {args.out} from its results.json")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results, attention = run(args)
@@ -235,7 +241,7 @@ def main() -> None:
         json.dumps(record | {"results": results, "attention": attention}, indent=1)
     )
     write_table(results, attention, args.out / "table.md", args)
-    plot(results, args.out, args.fields)
+    plot(results, args.out, args.fields, DATA)
     print((args.out / "table.md").read_text())
     print(f"finished in {minutes:.1f} minutes; {args.out} holds the table, plots and results.json")
 

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import make_folders
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,11 @@ def test_two_circles_comparison_smoke(tmp_path):
         assert f"| {name} |" in table
     for png in ("accuracy_vs_separation.png", "accuracy_vs_receptive_field.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+        (tmp_path / png).unlink()
+    replot = [sys.executable, str(ROOT / "benchmarks/two_circles.py"), "--replot", "--out", str(tmp_path)]
+    result = subprocess.run(replot, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "accuracy_vs_separation.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
@@ -60,6 +66,10 @@ def test_short_run_smoke(tmp_path, capsys):
     main(["--root", str(root), *tiny, *steps])
     out = capsys.readouterr().out
     assert "epoch 1/2 val/acc" in out and "epoch 2/2 val/acc" in out
+    for bad in (["--epochs", "0"], ["--limit", "0"], ["--model", "vit-pytorch", "--dim", "64"]):
+        with pytest.raises(SystemExit):
+            main(["--root", str(root), *bad])
+    assert "must be at least 1" in capsys.readouterr().err
 
 
 def test_separation_curves_keep_test_and_far_images_apart():

@@ -84,15 +84,18 @@ def load_checkpoint(
     model_class = MODELS.get(hparams.get("_class_path", "vit.ViTClassifier"))
     if model_class is None:
         raise ValueError(f"{path} names an unknown model {hparams['_class_path']!r}")
-    try:  # options or weights this version does not have: one line, not a traceback
-        model = model_class(**_public(hparams))
+    # options or weights this version does not have: one line, not a traceback
+    name, hint = model_class.__name__, "written by another version of vit?"
+    unknown = sorted(set(_public(hparams)) - set(_options(model_class)) - set(_options(Classifier)))
+    if unknown:
+        raise ValueError(f"cannot rebuild {name} from {path} ({hint}): no option {', '.join(unknown)}")
+    model = model_class(**_public(hparams))
+    try:
         model.load_state_dict(ckpt["state_dict"])
-    except (TypeError, RuntimeError) as e:
+    except RuntimeError as e:
         reason = " ".join(line.strip() for line in str(e).strip().splitlines())
-        name = model_class.__name__
-        raise ValueError(
-            f"cannot rebuild {name} from {path} (written by another version of vit?): {reason}"
-        ) from e
+        reason = reason if len(reason) <= 300 else reason[:300] + " ..."
+        raise ValueError(f"cannot rebuild {name} from {path} ({hint}): {reason}") from e
     model.eval()
     datamodule = None
     if dm_hparams := ckpt.get("datamodule_hyper_parameters"):
