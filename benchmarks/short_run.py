@@ -1,10 +1,10 @@
 """Short CIFAR-10 runs, the same loop for every model: which starts to learn faster, and which
 size of model gets furthest in a few minutes?
 
-    python benchmarks/short_run.py --model ours --init timm     # one epoch, timm's N(0, 0.02) start
-    python benchmarks/short_run.py --model ours --init torch    # PyTorch's default init
-    python benchmarks/short_run.py --model vit-pytorch          # pip install -e ".[bench]"
-    python benchmarks/short_run.py --epochs 8 --dim 128 --depth 4 --heads 2 --mlp_ratio 2
+    python -m benchmarks.short_run --model ours --init timm     # one epoch, timm's N(0, 0.02) start
+    python -m benchmarks.short_run --model ours --init torch    # PyTorch's default init
+    python -m benchmarks.short_run --model vit-pytorch          # pip install -e ".[bench]"
+    python -m benchmarks.short_run --epochs 8 --dim 128 --depth 4 --heads 2 --mlp_ratio 2
 
 Same for all: 4x4 patches, the `cifar` size by default (width 192, depth 6, 3 heads), a
 layer-normed patch embedding (ours pools the mean of the patch tokens, vit-pytorch's ViT reads
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.throughput import CONFIG, build_vit_pytorch
 from vit.images import CIFAR10
 from vit.model import build_vit
 
@@ -33,11 +34,7 @@ SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
     if args.model == "vit-pytorch":
-        from vit_pytorch import ViT
-
-        return ViT(
-            image_size=32, patch_size=4, num_classes=10, dim=192, depth=6, heads=3, mlp_dim=768, dim_head=64
-        )
+        return build_vit_pytorch(CONFIG)  # the `cifar` size, as in the throughput benchmark
     return build_vit(
         "cifar", num_classes=10, image_size=32, patch_size=4, patch_norm=True, pool="mean",
         init=args.init, dim=args.dim, depth=args.depth, heads=args.heads, mlp_ratio=args.mlp_ratio,
