@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--depth", type=int)
     parser.add_argument("--heads", type=int)
     parser.add_argument("--mlp_ratio", type=float)
+    parser.add_argument("--patch_dropout", type=float, default=0.0, help="share of patches dropped")
     parser.add_argument("--patch_size", type=int, default=4)
     parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
     parser.add_argument("--batch", type=int, default=128)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model = build_vit(
         args.preset, num_classes=data.num_classes, image_size=data.image_size, in_channels=data.in_channels,
         patch_size=args.patch_size, dim=args.dim, depth=args.depth, heads=args.heads,
-        mlp_ratio=args.mlp_ratio,
+        mlp_ratio=args.mlp_ratio, patch_dropout=args.patch_dropout,
     ).to(device)  # fmt: skip
     model.train()
     step = make_step(model, args.precision, device)

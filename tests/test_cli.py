@@ -57,6 +57,16 @@ def test_fit_test_predict_and_attention(runs, capsys):
     result = cli.run(["test", *tiny_args(runs), "--ckpt_path", "last"])
     assert Path(result.trainer.ckpt_path) == run / "checkpoints" / "last.ckpt"
 
+    # a checkpoint with weights its model does not have (another version): one line, no traceback
+    other = torch.load(best, weights_only=True)
+    other["state_dict"]["model.stem.weight"] = torch.zeros(3)
+    torch.save(other, runs / "other.ckpt")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["test", *tiny_args(runs), "--ckpt_path", str(runs / "other.ckpt")])
+    message = exit_info.value.code
+    assert message.startswith("error: cannot load the checkpoint (written by another version of vit?)")
+    assert '"model.stem.weight"' in message and "\n" not in message
+
     # the checkpoint alone rebuilds the model and the data module
     model, datamodule = load_checkpoint(best)
     assert model.hparams.preset == "micro" and model.hparams.num_classes == 4

@@ -218,6 +218,33 @@ def test_attention_window_limits_how_far_information_travels():
     assert (weights[0][0, :, 0, 1:] == 0).all() and (weights[0][0, :, 1:, 0] == 0).all()
 
 
+def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
+    """In training the class token and a different random half of the patch tokens go on, each
+    with its own position; in evaluation every token goes on and the output is the plain model's."""
+    torch.manual_seed(0)
+    kwargs = dict(num_classes=3, image_size=16, patch_size=4, pos_embed="none")
+    model = build_vit("micro", patch_dropout=0.5, **kwargs)
+    plain = build_vit("micro", **kwargs)
+    plain.load_state_dict(model.state_dict())
+    model.blocks = nn.ModuleList()  # tokens straight to the final norm: we can see which went on
+    plain.blocks = nn.ModuleList()
+    x = torch.randn(4, 3, 16, 16)
+    everything = plain.eval().forward_features(x)
+    kept = model.train().forward_features(x)
+    assert kept.shape == (4, 1 + 8, 32)
+    torch.testing.assert_close(kept[:, 0], everything[:, 0])  # the class token is always kept
+    sources = []
+    for image in range(4):  # every kept token is one of this image's patch tokens, none twice
+        match = torch.cdist(kept[image, 1:], everything[image, 1:]).argmin(dim=1)
+        torch.testing.assert_close(kept[image, 1:], everything[image, 1 + match])
+        assert len(set(match.tolist())) == 8
+        sources.append(tuple(sorted(match.tolist())))
+    assert len(set(sources)) > 1  # a different subset per image
+    torch.testing.assert_close(model.eval().forward_features(x), everything)
+    with pytest.raises(ValueError, match="patch_dropout"):
+        build_vit("micro", patch_dropout=1.0, **kwargs)
+
+
 def test_attention_window_needs_mean_pooling():
     with pytest.raises(ValueError, match="pool='mean'"):
         build_vit("micro", num_classes=2, image_size=16, patch_size=4, attn_window=1)

@@ -46,6 +46,15 @@ def _reason(error: pickle.UnpicklingError) -> str:
     return match[1] if match else text.strip().splitlines()[0]
 
 
+def state_dict_mismatch(error: RuntimeError) -> str | None:
+    """torch's many-line report of weights that do not fit a model, on one line of at most about
+    300 characters; None for any other RuntimeError."""
+    text = " ".join(line.strip() for line in str(error).strip().splitlines())
+    if not text.startswith("Error(s) in loading state_dict"):
+        return None
+    return text if len(text) <= 300 else text[:300] + " ..."
+
+
 def _options(cls: type) -> list[str]:
     """The keyword arguments `cls(...)` takes."""
     parameters = inspect.signature(cls.__init__).parameters.values()
@@ -93,8 +102,8 @@ def load_checkpoint(
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
-        reason = " ".join(line.strip() for line in str(e).strip().splitlines())
-        reason = reason if len(reason) <= 300 else reason[:300] + " ..."
+        if (reason := state_dict_mismatch(e)) is None:
+            raise
         raise ValueError(f"cannot rebuild {name} from {path} ({hint}): {reason}") from e
     model.eval()
     datamodule = None

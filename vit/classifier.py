@@ -156,6 +156,7 @@ class ViTClassifier(Classifier):
         attn_window: int | None = None,
         dropout: float = 0.0,
         drop_path: float = 0.0,
+        patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
         fused_attn: bool = True,
         patch_norm: bool = False,
         init: Literal["timm", "torch"] = "torch",
@@ -179,6 +180,7 @@ class ViTClassifier(Classifier):
             attn_window=attn_window,
             dropout=dropout,
             drop_path=drop_path,
+            patch_dropout=patch_dropout,
             fused_attn=fused_attn,
             patch_norm=patch_norm,
             init=init,

@@ -20,6 +20,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from vit.checkpoint import state_dict_mismatch
 from vit.classifier import Classifier
 from vit.images import DataError
 
@@ -181,6 +182,10 @@ def main(args: list[str] | None = None) -> None:
         run(args)
     except (CLIError, DataError) as e:  # a DataError may come from setup, inside fit or test
         sys.exit(f"error: {e}")
+    except RuntimeError as e:  # --ckpt_path: weights its model (rebuilt from its hparams) lacks
+        if (reason := state_dict_mismatch(e)) is None:
+            raise
+        sys.exit(f"error: cannot load the checkpoint (written by another version of vit?): {reason}")
 
 
 if __name__ == "__main__":

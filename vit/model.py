@@ -198,6 +198,7 @@ class ViT(nn.Module):
         attn_window: int | None = None,  # patches attend only within this Chebyshev distance
         dropout: float = 0.0,
         drop_path: float = 0.0,  # stochastic-depth rate of the last block, linear from 0
+        patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
         fused_attn: bool = True,
         patch_norm: bool = False,  # LayerNorm before and after the patch projection (vit-pytorch)
         init: Literal["timm", "torch"] = "torch",
@@ -208,6 +209,7 @@ class ViT(nn.Module):
             require(value >= 1, f"{name}={value} must be at least 1")
         require(0 <= dropout < 1, f"dropout={dropout} must lie in [0, 1)")
         require(0 <= drop_path < 1, f"drop_path={drop_path} must lie in [0, 1)")
+        require(0 <= patch_dropout < 1, f"patch_dropout={patch_dropout} must lie in [0, 1)")
         if image_h % patch_size or image_w % patch_size:
             raise ValueError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
         if init not in ("timm", "torch"):
@@ -245,6 +247,8 @@ class ViT(nn.Module):
             # The class token would carry global information, so it is cut off: a local model.
             require(pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
             require(attn_window >= 0, f"attn_window={attn_window} must be >= 0")
+            require(patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
+        self.patch_dropout = patch_dropout
         mask = None if attn_window is None else window_mask(self.grid_size, attn_window)
         self.register_buffer("attn_mask", mask, persistent=False)
         self.drop = nn.Dropout(dropout)
@@ -290,6 +294,8 @@ class ViT(nn.Module):
         x = torch.cat((cls, x), dim=1)
         if self.pos_embed is not None:
             x = x + self.pos_embed
+        if self.training and self.patch_dropout and mask is None:
+            x = self.drop_patches(x)
         x = self.drop(x)
         if self.attn_mask is not None:
             mask = self.attn_mask if mask is None else mask & self.attn_mask
@@ -299,6 +305,16 @@ class ViT(nn.Module):
             attention.append(weights)
         x = self.norm(x)
         return (x, attention) if return_attention else x
+
+    def drop_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """PatchDropout (Liu et al., 2022): keep the class token and a random subset of the patch
+        tokens, a different one per image, after their positions are added. Training sees fewer
+        tokens (faster steps, a regulariser); evaluation sees them all."""
+        cls, patches = x[:, :1], x[:, 1:]
+        keep = max(1, round(patches.shape[1] * (1 - self.patch_dropout)))
+        index = torch.rand(patches.shape[:2], device=x.device).argsort(dim=1)[:, :keep]
+        patches = patches.gather(1, index[..., None].expand(-1, -1, patches.shape[2]))
+        return torch.cat((cls, patches), dim=1)
 
     def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
         pooled = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(1)
