@@ -64,7 +64,7 @@ def test_fit_test_predict_and_attention(runs, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["test", *tiny_args(runs), "--ckpt_path", str(runs / "other.ckpt")])
     message = exit_info.value.code
-    assert message.startswith("error: cannot load the checkpoint (written by another version of vit?)")
+    assert message.startswith("error: the checkpoint does not fit the model built from it and the data")
     assert '"model.stem.weight"' in message and "\n" not in message
 
     # the checkpoint alone rebuilds the model and the data module

@@ -4,6 +4,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from vit.attention import attention_weights
 from vit.model import PRESETS, Attention, ViT, build_vit, sincos_2d
 
 
@@ -222,7 +223,7 @@ def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
     """In training the class token and a different random half of the patch tokens go on, each
     with its own position; in evaluation every token goes on and the output is the plain model's."""
     torch.manual_seed(0)
-    kwargs = dict(num_classes=3, image_size=16, patch_size=4, pos_embed="none")
+    kwargs = dict(num_classes=3, image_size=16, patch_size=4, pos_embed="sincos")
     model = build_vit("micro", patch_dropout=0.5, **kwargs)
     plain = build_vit("micro", **kwargs)
     plain.load_state_dict(model.state_dict())
@@ -241,6 +242,15 @@ def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
         sources.append(tuple(sorted(match.tolist())))
     assert len(set(sources)) > 1  # a different subset per image
     torch.testing.assert_close(model.eval().forward_features(x), everything)
+    # a whole model in training: logits for every image, gradients to the positions
+    full = build_vit("micro", num_classes=3, image_size=16, patch_size=4, pool="mean", patch_dropout=0.5)
+    logits = full.train()(torch.randn(32, 3, 16, 16))
+    logits.sum().backward()
+    assert logits.shape == (32, 3)  # each patch is dropped from all 32 images with chance 2^-32:
+    assert full.pos_embed.grad[0, 1:].abs().sum(-1).gt(0).all()  # all positions learn
+    # attention maps are drawn from every patch, even of a model left in training mode
+    weights = attention_weights(full, x)
+    assert weights.shape == (2, 4, 2, 17, 17) and full.training
     with pytest.raises(ValueError, match="patch_dropout"):
         build_vit("micro", patch_dropout=1.0, **kwargs)
 

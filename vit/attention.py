@@ -57,7 +57,8 @@ def _capture(model: ViT, layers: list[int], keep: Callable[[torch.Tensor], torch
     appends `keep(weights)` of its weights (batch, heads, tokens, tokens) to the yielded dict's
     list for that layer.
 
-    The hooks live for the `with` block only: no switch of the model is left flipped.
+    The model runs in eval mode (dropout off, every patch kept) and the hooks live for the `with`
+    block only: no switch of the model is left flipped.
     """
     captured: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
     handles = []
@@ -74,13 +75,16 @@ def _capture(model: ViT, layers: list[int], keep: Callable[[torch.Tensor], torch
 
         return hook
 
+    was_training = model.training
     try:
+        model.eval()
         for i in layers:
             attn = model.blocks[i].attn
             handles.append(attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
             handles.append(attn.register_forward_hook(store(i)))
         yield captured
     finally:
+        model.train(was_training)
         for handle in handles:
             handle.remove()
 

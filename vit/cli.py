@@ -182,10 +182,14 @@ def main(args: list[str] | None = None) -> None:
         run(args)
     except (CLIError, DataError) as e:  # a DataError may come from setup, inside fit or test
         sys.exit(f"error: {e}")
-    except RuntimeError as e:  # --ckpt_path: weights its model (rebuilt from its hparams) lacks
+    except RuntimeError as e:  # --ckpt_path: weights that do not fit the model built from the
+        # checkpoint's hyper-parameters and the data module's num_classes, image_size, in_channels
         if (reason := state_dict_mismatch(e)) is None:
             raise
-        sys.exit(f"error: cannot load the checkpoint (written by another version of vit?): {reason}")
+        hint = "another data set, or another version of vit?"
+        sys.exit(
+            f"error: the checkpoint does not fit the model built from it and the data ({hint}): {reason}"
+        )
 
 
 if __name__ == "__main__":

@@ -284,7 +284,8 @@ class ViT(nn.Module):
     def forward_features(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Images (B, C, H, W) -> normed tokens (B, 1 + patches, dim), class token first.
+        """Images (B, C, H, W) -> normed tokens (B, 1 + patches, dim), class token first (in
+        training with `patch_dropout`, fewer patches, unless a `mask` is given: masks need them all).
 
         With `return_attention=True` every block runs the explicit attention path for this call
         and the per-block weights (B, heads, tokens, tokens) are returned too.
