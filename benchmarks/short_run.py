@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from benchmarks.throughput import CONFIG, build_vit_pytorch
 from vit.images import CIFAR10
-from vit.model import build_vit
+from vit.model import build_vit, num_params
 
 SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
 
@@ -66,14 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     data.setup("fit")
     model = build(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    per_epoch = min(len(data.train_dataloader()), args.limit or len(data.train_dataloader()))
+    batches = len(data.train_dataloader())
+    per_epoch = min(batches, args.limit or batches)
     steps = per_epoch * args.epochs
     warmup = max(int(0.05 * steps), 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps))
     )
-    size = sum(p.numel() for p in model.parameters())
-    name = args.model if args.model == "vit-pytorch" else f"ours ({size:,} parameters)"
+    name = args.model if args.model == "vit-pytorch" else f"ours ({num_params(model):,} parameters)"
     started = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         model.train()

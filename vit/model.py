@@ -311,11 +311,11 @@ class ViT(nn.Module):
         """PatchDropout (Liu et al., 2022): keep the class token and a random subset of the patch
         tokens, a different one per image, after their positions are added. Training sees fewer
         tokens (faster steps, a regulariser); evaluation sees them all."""
-        cls, patches = x[:, :1], x[:, 1:]
+        prefix, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
         keep = max(1, round(patches.shape[1] * (1 - self.patch_dropout)))
         index = torch.rand(patches.shape[:2], device=x.device).argsort(dim=1)[:, :keep]
         patches = patches.gather(1, index[..., None].expand(-1, -1, patches.shape[2]))
-        return torch.cat((cls, patches), dim=1)
+        return torch.cat((prefix, patches), dim=1)
 
     def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
         pooled = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(1)
