@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--heads", type=int)
     parser.add_argument("--mlp_ratio", type=float)
     parser.add_argument("--patch_dropout", type=float, default=0.0, help="share of patches dropped")
+    parser.add_argument("--shifted_patches", action="store_true", help="shifted patch tokenization")
+    parser.add_argument("--locality_attention", action="store_true", help="locality self-attention")
     parser.add_argument("--patch_size", type=int, default=4)
     parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
     parser.add_argument("--batch", type=int, default=128)
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         args.preset, num_classes=data.num_classes, image_size=data.image_size, in_channels=data.in_channels,
         patch_size=args.patch_size, dim=args.dim, depth=args.depth, heads=args.heads,
         mlp_ratio=args.mlp_ratio, patch_dropout=args.patch_dropout,
+        shifted_patches=args.shifted_patches, locality_attention=args.locality_attention,
     ).to(device)  # fmt: skip
     model.train()
     step = make_step(model, args.precision, device)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vit.attention import (
     attention_rollout,
@@ -13,6 +14,7 @@ from vit.attention import (
     cls_attention_maps,
     discard_lowest,
     embedding_filter_components,
+    embedding_filters,
     gradient_rollout,
     mean_attention_distance,
     pos_embed_similarity,
@@ -199,6 +201,43 @@ def test_embedding_filter_components_follow_the_patch_layout():
     assert explained[0] > 0.9 and (explained[:-1] >= explained[1:]).all() and explained.sum() <= 1 + 1e-6
     flat = components.flatten(1)
     torch.testing.assert_close(flat @ flat.T, torch.eye(5), atol=1e-5, rtol=0)
+
+
+def test_embedding_filters_of_shifted_patches_cover_the_window_they_read():
+    """A weight on a shifted copy reads the pixel the shift brought into the patch: with patch 4
+    and shift 2, copy (dy, dx) = (2, -2) at patch row 1, column 2 reads the image at row -1,
+    column 4 from the patch's corner, so the filters are 8x8 windows starting 2 pixels out."""
+    model = tiny_vit(image_size=(8, 8), channels=3, shifted_patches=True)
+    linear = model.patch_proj  # input laid out (p1 p2 copies c), p = 4, 5 copies, c = 3
+    copies = next(m for m in model.to_patch_embedding if hasattr(m, "offsets")).offsets
+    copy = copies.index((2, -2))
+    with torch.no_grad():
+        linear.weight.zero_()
+        pixel = ((1 * 4 + 2) * 5 + copy) * 3 + 2  # row 1, column 2, that copy, channel 2
+        linear.weight[:, pixel] = torch.randn(linear.weight.shape[0]) * 5
+        linear.weight.add_(torch.randn_like(linear.weight) * 0.01)
+    components, explained = embedding_filter_components(model, k=5)
+    assert components.shape == (5, 3, 8, 8)
+    first = components[0].abs()
+    assert torch.nonzero(first == first.max()).tolist() == [[2, 2 + 1 - 2, 2 + 2 + 2]]
+    assert explained[0] > 0.9
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_embedding_filters_are_what_the_tokens_compute(shifted):
+    """Without patch norm a patch token is its filters applied to the window of pixels it reads
+    (zeros beyond the image), plus the bias."""
+    model = tiny_vit(image_size=(12, 8), channels=3, shifted_patches=shifted)
+    filters = embedding_filters(model)  # (dim, c, window, window)
+    m = (filters.shape[-1] - 4) // 2
+    assert m == (2 if shifted else 0)
+    image = torch.randn(1, 3, 12, 8)
+    tokens = model.to_patch_embedding(image)[0]  # (3 * 2 patches, dim)
+    padded = F.pad(image, (m, m, m, m))[0]
+    for index, (row, col) in enumerate(itertools.product(range(3), range(2))):
+        window = padded[:, 4 * row : 4 * row + 4 + 2 * m, 4 * col : 4 * col + 4 + 2 * m]
+        expected = (filters * window).sum(dim=(1, 2, 3)) + model.patch_proj.bias
+        torch.testing.assert_close(tokens[index], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_attention_share_against_hand_made_weights():

@@ -49,7 +49,7 @@ def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
     root = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 1})
     tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--precision", "fp32", "--batch", "4"]
     steps = ["--val_size", "2", "--warmup", "1", "--steps", "2", "--rounds", "1"]
-    results = main(["--root", str(root), *tiny, *steps])
+    results = main(["--root", str(root), *tiny, *steps, "--shifted_patches", "--locality_attention"])
     assert results["model_only"] > 0 and results["pipeline"] > 0 and results["augment_ms"] > 0
     assert results["ratio"] == results["pipeline"] / results["model_only"]
     out = capsys.readouterr().out

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -5,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.attention import attention_weights
-from vit.model import PRESETS, Attention, ViT, build_vit, sincos_2d
+from vit.model import PRESETS, Attention, ShiftedPatches, ViT, build_vit, sincos_2d
 
 
 def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -15,11 +17,12 @@ def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
     return mask | torch.eye(tokens, dtype=torch.bool)
 
 
+@pytest.mark.parametrize("locality", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_fused_and_explicit_paths_agree(masked, dtype, tolerance):
+def test_fused_and_explicit_paths_agree(masked, dtype, tolerance, locality):
     torch.manual_seed(0)
-    attn = Attention(dim=32, heads=4)
+    attn = Attention(dim=32, heads=4, locality=locality)
     x = torch.randn(3, 10, 32)
     mask = make_mask(3, 10) if masked else None
     reference, _ = attn(x, mask=mask, return_weights=True)  # explicit, fp32
@@ -30,6 +33,83 @@ def test_fused_and_explicit_paths_agree(masked, dtype, tolerance):
     assert fused.dtype == explicit.dtype == dtype
     torch.testing.assert_close(fused, explicit, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(fused.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
+def test_locality_attention_skips_the_diagonal_and_learns_its_temperature(mask_kind):
+    """LSA: softmax(Q K^T * t) V with a learned t, starting at 1/sqrt(d_head), and no token
+    attending to itself; the fused and explicit paths agree, under masks of both kinds."""
+    attn = Attention(dim=8, heads=1, locality=True)
+    assert attn.log_scale.exp().item() == pytest.approx(8**-0.5)
+    with torch.no_grad():  # q = k = x, v = x
+        attn.qkv.weight.copy_(torch.cat([torch.eye(8)] * 3))
+        attn.qkv.bias.zero_()
+        attn.log_scale.fill_(math.log(0.7))
+    x = torch.randn(2, 6, 8)
+    mask = make_mask(2, 6, seed=2) | torch.eye(6, dtype=torch.bool).roll(1, -1)  # a key besides itself
+    if mask_kind == "additive":
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    fused, _ = attn(x, mask=None if mask_kind is None else mask)
+    explicit, weights = attn(x, mask=None if mask_kind is None else mask, return_weights=True)
+    scores = (x @ x.transpose(1, 2) * 0.7)[:, None].masked_fill(torch.eye(6, dtype=torch.bool), float("-inf"))
+    if mask_kind is not None:
+        scores = scores.masked_fill(mask.isinf() if mask_kind == "additive" else ~mask, float("-inf"))
+    torch.testing.assert_close(weights, scores.softmax(-1))
+    assert (weights.diagonal(dim1=-2, dim2=-1) == 0).all()
+    torch.testing.assert_close(fused, explicit)
+    # the temperature learns, in the bf16 training path too
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attn(x)
+    out.float().square().sum().backward()
+    assert attn.log_scale.grad is not None and attn.log_scale.grad.abs() > 0
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_locality_attention_lets_a_token_with_no_other_key_attend_to_itself(additive):
+    """A mask that leaves token 0 only itself: locality attention must not empty its row (NaN)."""
+    attn = Attention(dim=8, heads=2, locality=True)
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[0] = False
+    mask[0, 0] = True
+    if additive:
+        mask = torch.zeros(5, 5).masked_fill(~mask, float("-inf"))
+    x = torch.randn(2, 5, 8)
+    explicit, weights = attn(x, mask=mask, return_weights=True)
+    fused, _ = attn(x, mask=mask)
+    assert torch.isfinite(explicit).all()
+    torch.testing.assert_close(weights[:, :, 0, 0], torch.ones(2, 2))
+    assert (weights[:, :, 1:].diagonal(offset=1, dim1=-2, dim2=-1) == 0).all()  # others skip themselves
+    torch.testing.assert_close(fused, explicit)
+
+
+def test_locality_attention_does_not_combine_with_an_attention_window():
+    with pytest.raises(ValueError, match="attn_window and locality_attention"):
+        build_vit("micro", num_classes=2, image_size=16, patch_size=4, pool="mean", attn_window=1,
+                  locality_attention=True)  # fmt: skip
+
+
+def test_shifted_patches_see_their_neighbours():
+    """SPT stacks the image and four copies moved half a patch diagonally (zeros fill in), so a
+    patch token reads the pixels up to half a patch around its patch, and no further."""
+    x = torch.randn(2, 3, 8, 8)
+    shifted = ShiftedPatches(2)
+    out = shifted(x)
+    assert out.shape == (2, 15, 8, 8)
+    assert sorted(shifted.offsets) == [(-2, -2), (-2, 2), (0, 0), (2, -2), (2, 2)]
+    padded = F.pad(x, (2, 2, 2, 2))  # padded[y + 2, x + 2] = image[y, x]
+    for i, (dy, dx) in enumerate(shifted.offsets):  # copy[y, x] = image[y - dy, x - dx]
+        torch.testing.assert_close(out[:, 3 * i : 3 * i + 3], padded[..., 2 - dy : 10 - dy, 2 - dx : 10 - dx])
+
+    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, shifted_patches=True)
+    assert model.patch_proj.in_features == 4 * 4 * 3 * 5
+    image = torch.randn(1, 3, 16, 16, requires_grad=True)
+    token = model.to_patch_embedding(image)[0, 5]  # the patch at row 1, column 1: pixels 4..7
+    (grad,) = torch.autograd.grad(token.square().sum(), image)
+    seen = grad.abs().sum(dim=(0, 1)) > 0
+    expected = torch.zeros(16, 16, dtype=torch.bool)
+    expected[2:10, 2:10] = True
+    assert torch.equal(seen, expected)
+    assert model(image).shape == (1, 3)
 
 
 def test_additive_mask_equals_boolean_mask():
@@ -86,10 +166,15 @@ def test_scores_are_scaled_by_sqrt_head_dim():
     torch.testing.assert_close(weights[0, 0], (x[0] @ x[0].T / 8**0.5).softmax(-1))
 
 
+@pytest.mark.parametrize(
+    "options", [{}, dict(shifted_patches=True, locality_attention=True, patch_dropout=0.5, patch_norm=True)]
+)
 @pytest.mark.parametrize("fused", [True, False])
-def test_gradients_reach_every_parameter(fused):
+def test_gradients_reach_every_parameter(fused, options):
     torch.manual_seed(0)
-    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, fused_attn=fused, drop_path=0.1)
+    model = build_vit(
+        "micro", num_classes=3, image_size=16, patch_size=4, fused_attn=fused, drop_path=0.1, **options
+    )
     model(torch.randn(4, 3, 16, 16)).logsumexp(-1).sum().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name

@@ -141,11 +141,16 @@ def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp
     assert saved and not saved[0].exists() and not (tmp_path / "out").exists()
 
 
-def test_a_non_square_model_without_a_data_module(tmp_path):
-    """The grid comes from the model: 16x24 images in 4-pixel patches make a 4x6 grid."""
+@pytest.mark.parametrize("small_data", [False, True])
+def test_a_non_square_model_without_a_data_module(tmp_path, small_data):
+    """The grid comes from the model: 16x24 images in 4-pixel patches make a 4x6 grid. With
+    shifted patches (15 input channels to the patch projection) the images are still RGB."""
     from vit import ViTClassifier
 
-    model = ViTClassifier(num_classes=3, image_size=(16, 24), in_channels=3, preset="micro", patch_size=4)
+    model = ViTClassifier(
+        num_classes=3, image_size=(16, 24), in_channels=3, preset="micro", patch_size=4,
+        shifted_patches=small_data, locality_attention=small_data,
+    )  # fmt: skip
     ckpt = tmp_path / "wide.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
     picture = tmp_path / "wide.png"

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from vit.model import ViT
+from vit.model import ShiftedPatches, ViT
 
 # How `attention_rollout` fuses the heads of one layer.
 HEAD_FUSIONS = {
@@ -286,21 +286,41 @@ def pos_embed_similarity(model: ViT) -> torch.Tensor:
     return rearrange(table @ table.T, "(h w) (h2 w2) -> h w h2 w2", h=grid_h, h2=grid_h, w=grid_w, w2=grid_w)
 
 
+def embedding_filters(model: ViT) -> torch.Tensor:
+    """The patch projection's rows as filters over the pixels a patch token reads, (dim, channels,
+    window, window): without shifted patches the patch itself (window p); with them the patch
+    and half a patch around it (window p + 2 shift), each shifted copy's weights added at the
+    pixels they read. A token is its filters applied to that window (zeros outside the image),
+    plus the bias, when there is no patch norm."""
+    p, c = model.patch_size, model.in_channels
+    weight = model.patch_proj.weight.detach().float()  # (dim, p*p*copies*c), laid out (p1 p2 copies c)
+    copies = rearrange(weight, "d (p1 p2 copies c) -> copies d c p1 p2", p1=p, p2=p, c=c)
+    shifted = next((m for m in model.to_patch_embedding if isinstance(m, ShiftedPatches)), None)
+    if shifted is None:
+        return copies[0]
+    m = shifted.shift  # copy[y, x] = image[y - dy, x - dx]: its weight at (y, x) reads pixel
+    window = copies.new_zeros(*copies.shape[1:3], p + 2 * m, p + 2 * m)  # (m + y - dy, m + x - dx)
+    for copy, (dy, dx) in zip(copies, shifted.offsets, strict=True):
+        window[..., m - dy : m - dy + p, m - dx : m - dx + p] += copy
+    return window
+
+
 def embedding_filter_components(model: ViT, k: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
     """Principal components of the patch-embedding filters (Figure 7, left).
 
-    Each of the `dim` rows of the patch projection is a filter over a (p1 p2 c) patch; the
-    principal directions of those filters are patch-shaped images. Returns the first `k`
-    components (k, channels, p, p) and the share of the variance each explains (k,).
+    Each of the `dim` rows of the patch projection is a filter over the pixels its patch token
+    reads (`embedding_filters`); the principal directions of those filters are images of that
+    window. Returns the first `k` components (k, channels, window, window) and the share of the
+    variance each explains (k,).
     """
-    linear = model.patch_proj
-    filters = linear.weight.detach().float()  # (dim, p*p*c), input laid out as (p1 p2 c)
+    filters = embedding_filters(model)
+    size = filters.shape[-1]
+    filters = filters.flatten(1)
     centred = filters - filters.mean(dim=0, keepdim=True)
     _, s, vh = torch.linalg.svd(centred, full_matrices=False)
     k = min(k, vh.shape[0])
     explained = (s**2 / (s**2).sum())[:k]
-    p = model.patch_size
-    components = rearrange(vh[:k], "k (p1 p2 c) -> k c p1 p2", p1=p, p2=p)
+    components = rearrange(vh[:k], "k (c h w) -> k c h w", h=size, w=size)
     return components, explained
 
 

@@ -25,7 +25,8 @@ def adamw(
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        # biases and norm weights are 1-D; embeddings and the class token are named
+        # biases and norm weights are 1-D (a learned attention temperature 0-D); embeddings and
+        # the class token are named
         (no_decay if p.ndim < 2 or name in skip else decay).append(p)
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
@@ -159,6 +160,8 @@ class ViTClassifier(Classifier):
         patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
         fused_attn: bool = True,
         patch_norm: bool = False,
+        shifted_patches: bool = False,  # patches also see half a patch around them (SPT)
+        locality_attention: bool = False,  # learned temperature, no attention to oneself (LSA)
         init: Literal["timm", "torch"] = "torch",
         **kwargs,
     ):
@@ -183,6 +186,8 @@ class ViTClassifier(Classifier):
             patch_dropout=patch_dropout,
             fused_attn=fused_attn,
             patch_norm=patch_norm,
+            shifted_patches=shifted_patches,
+            locality_attention=locality_attention,
             init=init,
         )
 

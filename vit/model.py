@@ -89,6 +89,21 @@ class DropPath(nn.Module):
         return x * keep.bernoulli_(1.0 - self.p) / (1.0 - self.p)
 
 
+class ShiftedPatches(nn.Module):
+    """Shifted Patch Tokenization (Lee et al. 2021, "Vision Transformer for Small-Size Datasets"):
+    the image and four copies of it moved `shift` pixels diagonally (zeros fill the gap), stacked
+    as channels, so that each patch also sees a border of its neighbours' pixels."""
+
+    def __init__(self, shift: int):
+        super().__init__()
+        self.shift = shift
+        # (dy, dx) per copy: copy[y, x] = image[y - dy, x - dx]; the image itself first
+        self.offsets = [(0, 0)] + [(dy, dx) for dy in (shift, -shift) for dx in (shift, -shift)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([F.pad(x, (dx, -dx, dy, -dy)) for dy, dx in self.offsets], dim=1)
+
+
 class FeedForward(nn.Sequential):
     def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
         super().__init__(
@@ -111,14 +126,24 @@ class Attention(nn.Module):
 
     `mask` is boolean (True = may attend, as in SDPA) or additive (added to the scores), and
     broadcasts to (batch, heads, tokens, tokens).
+
+    `locality=True` (Locality Self-Attention, Lee et al. 2021): the scale is a learned temperature
+    (`log_scale`, starting at 1/sqrt(d_head); `scale` keeps the fixed value) and no token attends
+    to itself, unless a mask leaves it nothing else.
     """
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0, fused: bool = True):
+    def __init__(
+        self, dim: int, heads: int, dropout: float = 0.0, fused: bool = True, locality: bool = False
+    ):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim={dim} is not divisible by heads={heads}")
         self.heads = heads
         self.scale = (dim // heads) ** -0.5
+        # Locality Self-Attention (Lee et al. 2021): a learned temperature (starting at the fixed
+        # scale) and no attention of a token to itself, which sharpens attention on small data
+        self.locality = locality
+        self.log_scale = nn.Parameter(torch.tensor(self.scale).log()) if locality else None
         self.fused = fused
         self.dropout = dropout
         # Q, K and V projections in one matmul; rows ordered [q; k; v] like nn.MultiheadAttention.
@@ -131,6 +156,17 @@ class Attention(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        scale = self.log_scale.exp() if self.locality else self.scale
+        if self.locality:
+            itself = torch.eye(q.shape[-2], dtype=torch.bool, device=q.device)
+            if mask is None:
+                mask = ~itself
+            elif mask.dtype == torch.bool:  # a row with no other key keeps its own (no NaN)
+                others = mask & ~itself
+                mask = others | (itself & ~others.any(-1, keepdim=True))
+            else:
+                others = mask.masked_fill(itself, float("-inf"))
+                mask = torch.where(itself & others.isneginf().all(-1, keepdim=True), mask, others)
         weights = None
         # On CPU in bf16 the explicit path trains 1.8x faster than SDPA's flash kernel (its backward
         # is slow) for ViT-sized sequences (benchmarks/README.md); in fp32, in inference and on GPU
@@ -139,9 +175,11 @@ class Attention(nn.Module):
         fused = self.fused and not return_weights
         if fused and not slow_sdpa:
             p = self.dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            if self.locality:  # SDPA takes its scale as a number: a learned one scales q instead
+                q, scale = q * scale.to(q.dtype), 1.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
         else:
-            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, heads, N, N)
+            scores = (q @ k.transpose(-2, -1)) * scale  # (B, heads, N, N)
             if mask is not None:
                 if mask.dtype == torch.bool:
                     scores = scores.masked_fill(~mask, float("-inf"))
@@ -165,10 +203,11 @@ class Block(nn.Module):
         dropout: float = 0.0,
         drop_path: float = 0.0,
         fused_attn: bool = True,
+        locality: bool = False,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, dropout=dropout, fused=fused_attn)
+        self.attn = Attention(dim, heads, dropout=dropout, fused=fused_attn, locality=locality)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = FeedForward(dim, int(dim * mlp_ratio), dropout=dropout)
         self.drop_path = DropPath(drop_path)
@@ -201,6 +240,8 @@ class ViT(nn.Module):
         patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
         fused_attn: bool = True,
         patch_norm: bool = False,  # LayerNorm before and after the patch projection (vit-pytorch)
+        shifted_patches: bool = False,  # Shifted Patch Tokenization: patches see their neighbours
+        locality_attention: bool = False,  # learned temperature, no attention to oneself
         init: Literal["timm", "torch"] = "torch",
     ):
         super().__init__()
@@ -227,13 +268,15 @@ class ViT(nn.Module):
         self.pool = pool
         num_patches = self.grid_size[0] * self.grid_size[1]
 
-        patch_dim = patch_size * patch_size * in_channels
+        self.in_channels = in_channels
+        # the paper's shift: half a patch
+        shift = [ShiftedPatches(max(patch_size // 2, 1))] if shifted_patches else []
+        patch_dim = patch_size * patch_size * in_channels * (5 if shifted_patches else 1)
         proj = nn.Linear(patch_dim, dim)
         # patch_norm puts patch content on the scale of fixed position tables, whatever the pixels'
         embed = [nn.LayerNorm(patch_dim), proj, nn.LayerNorm(dim)] if patch_norm else [proj]
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size), *embed
-        )
+        patchify = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size)
+        self.to_patch_embedding = nn.Sequential(*shift, patchify, *embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
@@ -248,12 +291,15 @@ class ViT(nn.Module):
             require(pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
             require(attn_window >= 0, f"attn_window={attn_window} must be >= 0")
             require(patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
+            require(not locality_attention, "attn_window and locality_attention do not combine")
         self.patch_dropout = patch_dropout
         mask = None if attn_window is None else window_mask(self.grid_size, attn_window)
         self.register_buffer("attn_mask", mask, persistent=False)
         self.drop = nn.Dropout(dropout)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout, rate, fused_attn) for rate in rates)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio, dropout, rate, fused_attn, locality_attention) for rate in rates
+        )
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
         # "timm": linear weights, class token and learned positions ~ N(0, 0.02) (timm, ViT paper);

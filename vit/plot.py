@@ -267,7 +267,7 @@ def pos_embed_similarity_figure(similarity: torch.Tensor) -> Figure:
 def embedding_filters_figure(components: torch.Tensor, explained: torch.Tensor, columns: int = 7) -> Figure:
     """ViT paper Figure 7 (left): principal components of the patch-embedding filters as tiles,
     each scaled to [0, 1] on its own (RGB for 3 channels, grey for 1); titles give the share of
-    the filters' variance each explains. `components` is (k, channels, p, p)."""
+    the filters' variance each explains. `components` is (k, channels, window, window)."""
     tiles = np.stack([_to_rgb(c) for c in components])
     n, columns = len(tiles), min(columns, len(tiles))
     rows = math.ceil(n / columns)

@@ -90,7 +90,7 @@ def load_images(files: list[Path], model: ViT, datamodule=None) -> torch.Tensor:
     converted to the model's channels and resized to its image size."""
     if hasattr(datamodule, "preprocess"):
         return torch.cat([preprocess_file(datamodule, file) for file in files])
-    mode = {1: "L", 3: "RGB"}.get(model.patch_proj.in_features // model.patch_size**2)
+    mode = {1: "L", 3: "RGB"}.get(model.in_channels)
     if mode is None:
         raise ValueError("image files can only feed models of 1 or 3 channels")
     images = []
