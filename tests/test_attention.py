@@ -17,6 +17,7 @@ from vit.attention import (
     embedding_filters,
     gradient_rollout,
     mean_attention_distance,
+    pooled_maps,
     pos_embed_similarity,
     query_attention_maps,
 )
@@ -30,6 +31,17 @@ def tiny_vit(image_size=(16, 24), channels=1, **kwargs):
         "micro", num_classes=4, image_size=image_size, patch_size=4, in_channels=channels, **kwargs
     )
     return model.eval()
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_pooled_maps_read_the_rows_the_head_reads(pool):
+    """A mean-pooling head never reads the class token: its map is the mean of the patch rows."""
+    model = tiny_vit(image_size=(8, 12), pool=pool)  # 2x3 patches, 7 tokens
+    relevance = torch.rand(2, 7, 7)
+    maps = pooled_maps(model, relevance)
+    assert maps.shape == (2, 2, 3)
+    rows = relevance[:, 0] if pool == "cls" else relevance[:, 1:].mean(dim=1)
+    torch.testing.assert_close(maps, rows[:, 1:].reshape(2, 2, 3))
 
 
 def test_extraction_matches_the_explicit_path_in_chunks_and_leaves_the_model_fused():

@@ -7,7 +7,7 @@ from PIL import Image
 
 from vit import CNNClassifier
 from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
-from vit.visualize import attention, main, shell_style
+from vit.visualize import attention, main, shell_style, spread_test_images
 
 PNG = b"\x89PNG"
 
@@ -180,6 +180,49 @@ def test_a_non_square_model_without_a_data_module(tmp_path, small_data):
         with pytest.raises(SystemExit, match=message):
             run("--ckpt", ckpt, "--out", tmp_path / "bad", *options)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_mean_pooled_model_is_explained_by_its_patch_tokens(tmp_path, monkeypatch, capsys):
+    """Rollouts of a `pool: mean` model follow the patch tokens its head reads, and say so; the
+    class-token method notes that the class token does not feed the head."""
+    from vit import ViTClassifier, visualize
+
+    model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", pool="mean")
+    ckpt = tmp_path / "mean.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
+    picture = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(picture)
+    titles = []
+
+    def batch_figure_spy(*args, title, **kwargs):
+        titles.append(title)
+        return batch_figure(*args, title=title, **kwargs)
+
+    monkeypatch.setattr(visualize, "batch_figure", batch_figure_spy)
+    for method in ("rollout", "grad-rollout", "cls"):
+        run("--ckpt", ckpt, "--images", picture, "--out", tmp_path / method, "--method", method)
+    assert titles[0].startswith("mean-pooled-token attention rollout")
+    assert titles[1].startswith("mean-pooled-token gradient-weighted rollout")
+    assert "note: this model's head reads the mean of the patch tokens" in capsys.readouterr().out
+
+
+def test_test_images_are_spread_over_the_split(tmp_path, trained):
+    """Folders list their test images class by class: the images drawn come from across the split
+    (here one per class), with their indices, not the first few (all of the first class)."""
+    from helpers import make_folders
+
+    from vit.images import ImageFolders
+
+    root = make_folders(tmp_path, per_class={"train": 2, "test": 3})
+    data = ImageFolders(str(root), image_size=8, val_size=1)
+    images, labels, indices = spread_test_images(data, 3)
+    assert indices == [0, 4, 8] and labels.tolist() == [0, 1, 2] and images.shape == (3, 3, 8, 8)
+    data.setup("test")
+    everything, _ = next(iter(data.test_dataloader()))
+    torch.testing.assert_close(images, everything[indices])
+    _, two_circles = trained  # a split smaller than asked for: every image, once
+    _, _, indices = spread_test_images(two_circles, 10_000)
+    assert indices == list(range(len(two_circles.test_dataloader().dataset)))
 
 
 def test_a_cnn_checkpoint_is_refused(tmp_path):

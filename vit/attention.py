@@ -2,7 +2,8 @@
 
 - `attention_weights`: every block's weights (layers, batch, heads, tokens, tokens), in chunks,
   for chosen layers and heads, even when the model runs the fused path (hooks for one call).
-- `cls_attention_maps`, `query_attention_maps`: one row of the weights laid out on the patch grid.
+- `cls_attention_maps`, `query_attention_maps`: one row of the weights laid out on the patch grid;
+  `pooled_maps`: the rows the head reads (the class token's, or the patch tokens' mean).
 - `attention_rollout`: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers".
 - `gradient_rollout`: Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability for
   Interpreting Bi-Modal and Encoder-Decoder Transformers" (gradient-weighted attention, R += A R).
@@ -155,6 +156,15 @@ def cls_attention_maps(model: ViT, weights: torch.Tensor) -> torch.Tensor:
     return to_patch_grid(model, weights[..., 0, :])  # what the class token looks at
 
 
+def pooled_maps(model: ViT, relevance: torch.Tensor) -> torch.Tensor:
+    """The rows of a rollout or relevance matrix (..., T, T) that feed the model's head, on the
+    patch grid (..., grid_h, grid_w): the class token's row (`pool: cls`), or the mean of the
+    patch tokens' rows (`pool: mean`: the head reads their mean, never the class token)."""
+    if model.pool == "mean":
+        return to_patch_grid(model, relevance[..., model.num_prefix_tokens :, :].mean(dim=-2))
+    return cls_attention_maps(model, relevance)
+
+
 def patch_token(model: ViT, patch: tuple[int, int]) -> int:
     """Token index of the patch at (row, column) of the grid."""
     (row, col), (grid_h, grid_w) = patch, model.grid_size
@@ -221,7 +231,7 @@ def gradient_rollout(
     For each layer, A = mean over heads of (dScore/dA * A)^+, the positive part of gradient times
     attention; from R = I, accumulate R <- R + A R, first layer first. `targets` is the class
     to explain per image (an int for all, a tensor of one per image, None for the predicted one).
-    Row 0 is the class token's relevance map.
+    Row 0 is the class token's relevance map (`pooled_maps` picks the rows the head reads).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")

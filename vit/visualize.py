@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentParser, auto_cli
 from PIL import Image
+from torch.utils.data import DataLoader, Subset
 
 from vit.attention import (
     HEAD_FUSIONS,
@@ -29,6 +30,7 @@ from vit.attention import (
     iter_attention,
     mean_attention_distance,
     patch_token,
+    pooled_maps,
     pos_embed_similarity,
     query_attention_maps,
     select_heads,
@@ -56,16 +58,19 @@ METHOD_NAMES = {  # method -> what its maps show, for titles
     "grad-rollout": "gradient-weighted rollout for the {target} class",
 }
 
+POOLED = {"cls": "class-token", "mean": "mean-pooled-token"}  # what the head reads, for titles
 
-def first_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+
+def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """`n` test images spread evenly over the test split (image folders list theirs class by
+    class, so the first `n` would often be one class), their labels and their indices."""
     datamodule.setup("test")
-    images, labels = [], []
-    for x, y in datamodule.test_dataloader():
-        images.append(x)
-        labels.append(y)
-        if sum(len(b) for b in images) >= n:
-            break
-    return torch.cat(images)[:n], torch.cat(labels)[:n]
+    loader = datamodule.test_dataloader()
+    size = len(loader.dataset)
+    indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
+    chosen = Subset(loader.dataset, indices)
+    images, labels = next(iter(DataLoader(chosen, batch_size=len(indices), collate_fn=loader.collate_fn)))
+    return images, labels, indices
 
 
 def image_files(paths: list[Path]) -> list[Path]:
@@ -192,8 +197,8 @@ def attention(
     else:
         if datamodule is None:
             raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
-        batch, labels = first_test_images(datamodule, num_images)
-        captions = [f"test {i}" for i in range(len(batch))]
+        batch, labels, indices = spread_test_images(datamodule, num_images)
+        captions = [f"test {i}" for i in indices]
 
     # the forward pass that gives the weights gives the predictions too (grad-rollout needs its
     # own pass with gradients: one layer here is enough)
@@ -210,6 +215,11 @@ def attention(
     if method in ("cls", "query"):  # weights: (L, B, H, T, T)
         if method == "cls":
             maps = cls_attention_maps(model, weights)  # (L, B, H, gh, gw)
+            if model.pool == "mean":
+                print(
+                    "note: this model's head reads the mean of the patch tokens, not the class token; "
+                    "--method rollout or grad-rollout follow what feeds the head"
+                )
         else:
             maps = query_attention_maps(model, weights, query_patch)
             name = f"query_{query_patch[0]}_{query_patch[1]}"
@@ -232,14 +242,15 @@ def attention(
     elif method == "rollout":
         last = layers[-1]  # rollout through this layer, the last by default
         rollout = attention_rollout(weights, head_fusion, discard_ratio, model.num_prefix_tokens)
-        summary = cls_attention_maps(model, rollout)
+        summary = pooled_maps(model, rollout)
         what = METHOD_NAMES[method].format(fusion=head_fusion, discard=discard_ratio)
-        summary_title = f"class-token {what}, layers 0 to {last}"
+        summary_title = f"{POOLED[model.pool]} {what}, layers 0 to {last}"
     else:  # grad-rollout
         targets = predicted if target is None else target
         relevance = gradient_rollout(model, batch, targets, batch_size)
-        summary = cls_attention_maps(model, relevance)
-        summary_title = METHOD_NAMES[method].format(target="predicted" if target is None else names[target])
+        summary = pooled_maps(model, relevance)
+        what = METHOD_NAMES[method].format(target="predicted" if target is None else names[target])
+        summary_title = f"{POOLED[model.pool]} {what}"
     figures[f"{name}.png"] = batch_figure(batch, summary, captions, title=summary_title, box=box)
 
     if plots:
