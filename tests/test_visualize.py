@@ -182,28 +182,35 @@ def test_a_non_square_model_without_a_data_module(tmp_path, small_data):
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_mean_pooled_model_is_explained_by_its_patch_tokens(tmp_path, monkeypatch, capsys):
-    """Rollouts of a `pool: mean` model follow the patch tokens its head reads, and say so; the
-    class-token method notes that the class token does not feed the head."""
+@pytest.mark.parametrize("pool", ["mean", "cls"])
+def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys, pool):
+    """Rollouts of a `pool: mean` model follow its patch tokens, and say so; `--method cls` notes
+    that the class token does not feed its head. With `attn_window` the class token attends only
+    to itself, so a class-token rollout would be blank there; the pooled one is not."""
     from vit import ViTClassifier, visualize
 
-    model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", pool="mean")
-    ckpt = tmp_path / "mean.ckpt"
+    options = dict(pool="mean", attn_window=1) if pool == "mean" else {}
+    model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", **options)
+    ckpt = tmp_path / "model.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
     picture = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(picture)
-    titles = []
+    drawn = []
 
-    def batch_figure_spy(*args, title, **kwargs):
-        titles.append(title)
-        return batch_figure(*args, title=title, **kwargs)
+    def batch_figure_spy(images, maps, *args, title, **kwargs):
+        drawn.append((title, maps))
+        return batch_figure(images, maps, *args, title=title, **kwargs)
 
     monkeypatch.setattr(visualize, "batch_figure", batch_figure_spy)
     for method in ("rollout", "grad-rollout", "cls"):
         run("--ckpt", ckpt, "--images", picture, "--out", tmp_path / method, "--method", method)
-    assert titles[0].startswith("mean-pooled-token attention rollout")
-    assert titles[1].startswith("mean-pooled-token gradient-weighted rollout")
-    assert "note: this model's head reads the mean of the patch tokens" in capsys.readouterr().out
+    token = {"mean": "mean-pooled-token", "cls": "class-token"}[pool]
+    assert drawn[0][0].startswith(f"{token} attention rollout")
+    assert drawn[1][0].startswith(f"{token} gradient-weighted rollout")
+    note = "note: this model's head reads the mean of the patch tokens"
+    assert (note in capsys.readouterr().out) == (pool == "mean")
+    for _, maps in drawn[:2]:
+        assert maps.flatten(1).std(dim=1).min() > 0
 
 
 def test_test_images_are_spread_over_the_split(tmp_path, trained):

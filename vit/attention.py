@@ -159,7 +159,9 @@ def cls_attention_maps(model: ViT, weights: torch.Tensor) -> torch.Tensor:
 def pooled_maps(model: ViT, relevance: torch.Tensor) -> torch.Tensor:
     """The rows of a rollout or relevance matrix (..., T, T) that feed the model's head, on the
     patch grid (..., grid_h, grid_w): the class token's row (`pool: cls`), or the mean of the
-    patch tokens' rows (`pool: mean`: the head reads their mean, never the class token)."""
+    patch tokens' rows (`pool: mean`: the head reads their mean, never the class token). With
+    `pool: mean` the identity a rollout starts from adds the same 1/patches to every patch (with
+    `pool: cls` it falls on the class token's own column, which the grid leaves out)."""
     if model.pool == "mean":
         return to_patch_grid(model, relevance[..., model.num_prefix_tokens :, :].mean(dim=-2))
     return cls_attention_maps(model, relevance)

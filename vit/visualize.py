@@ -67,6 +67,8 @@ def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, 
     datamodule.setup("test")
     loader = datamodule.test_dataloader()
     size = len(loader.dataset)
+    if size == 0:
+        raise ValueError("the data module's test split is empty; give --images")
     indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
     chosen = Subset(loader.dataset, indices)
     images, labels = next(iter(DataLoader(chosen, batch_size=len(indices), collate_fn=loader.collate_fn)))
@@ -145,7 +147,7 @@ def attention(
     batch_size: int = 64,
     threads: int | None = None,
 ) -> list[Path]:
-    """Draw where a trained ViT looks, over image files or the first test images of its data set.
+    """Draw where a trained ViT looks, over image files or test images of its data set.
 
     Writes `<method>.png` (every image with its map: for cls and query the mean over the chosen
     heads of the last chosen layer) and, for cls and query with more than one layer or head, one
