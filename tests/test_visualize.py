@@ -231,6 +231,16 @@ def test_test_images_are_spread_over_the_split(tmp_path, trained):
     _, _, indices = spread_test_images(two_circles, 10_000)
     assert indices == list(range(len(two_circles.test_dataloader().dataset)))
 
+    class Empty:  # a data module whose test split has no images
+        def setup(self, stage):
+            pass
+
+        def test_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(0, 3, 8, 8)))
+
+    with pytest.raises(ValueError, match="test split is empty"):
+        spread_test_images(Empty(), 3)
+
 
 def test_a_cnn_checkpoint_is_refused(tmp_path):
     model = CNNClassifier(num_classes=4, in_channels=1, receptive_field=3, width=4)
