@@ -156,8 +156,9 @@ class Attention(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
-        scale = self.log_scale.exp() if self.locality else self.scale
+        scale = self.scale
         if self.locality:
+            scale = self.log_scale.exp()
             itself = torch.eye(q.shape[-2], dtype=torch.bool, device=q.device)
             if mask is None:
                 mask = ~itself
@@ -271,7 +272,8 @@ class ViT(nn.Module):
         self.in_channels = in_channels
         # the paper's shift: half a patch
         shift = [ShiftedPatches(max(patch_size // 2, 1))] if shifted_patches else []
-        patch_dim = patch_size * patch_size * in_channels * (5 if shifted_patches else 1)
+        copies = len(shift[0].offsets) if shift else 1  # the image, and its shifted copies
+        patch_dim = patch_size * patch_size * in_channels * copies
         proj = nn.Linear(patch_dim, dim)
         # patch_norm puts patch content on the scale of fixed position tables, whatever the pixels'
         embed = [nn.LayerNorm(patch_dim), proj, nn.LayerNorm(dim)] if patch_norm else [proj]
