@@ -1,16 +1,20 @@
 """Where one training step of a system goes: torch.profiler's top operators, then the step's time
-split into matmuls (attention included), GELU, LayerNorm, copies and casts, and the rest.
+split into matmuls (attention included), GELU, LayerNorm, copies and casts, and the rest; then the
+step's matmuls alone, replayed back to back: how fast the step could be if nothing else took time.
 
-python benchmarks/profile_step.py --system ours --precision bf16
+python -m benchmarks.profile_step --system ours --precision bf16
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
+import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.throughput import BUILDERS, CONFIG, PRECISIONS, System, pick_device
+from benchmarks.throughput import BUILDERS, CONFIG, PRECISIONS, System, pick_device, seconds_per_call
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     print(averages.table(sort_by=sort, row_limit=args.rows))
     if device.type == "cpu":
         print(breakdown(averages, args.steps))
+    print(floor_report(system, args.batch))
 
 
 # Operator-name fragments per category, checked in order; self times, so nothing is counted twice.
@@ -56,6 +61,72 @@ def breakdown(averages, steps: int) -> str:
     step = sum(totals.values())
     lines = [f"{name:<18} {ms:7.1f} ms  {ms / step:6.1%}" for name, ms in totals.items()]
     return "\n".join([f"one step: {step:.1f} ms (self time of each operator on the calling thread)", *lines])
+
+
+class MatmulRecorder(TorchDispatchMode):
+    """Records every matmul operator a step runs (the ones `CATEGORIES` counts as matmuls), with a
+    copy of its inputs in the same strides, so that they can be run again without the rest."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(part in func.name() for part in CATEGORIES["matmul"]):
+            copy = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # clone keeps strides
+            self.calls.append((func, copy, kwargs))
+        return func(*args, **kwargs)
+
+
+def record_matmuls(system: System) -> list:
+    """The matmul calls of one training step (forward and backward), in order."""
+    with MatmulRecorder() as recorder:
+        system.train_step()
+    return recorder.calls
+
+
+def matmul_floor(system: System, rounds: int = 7) -> tuple[float, float, int]:
+    """Seconds per training step, seconds for the same step's matmuls alone run back to back, and
+    their number (medians over `rounds`). The second is a floor for the first: what the step would
+    take, with the same matmul kernels, if every other operator (norms, activations, softmax,
+    casts, adds, the optimizer) took no time."""
+    device = system.device
+    steps = [seconds_per_call(system.train_step, 1, device) for _ in range(rounds)]
+    calls = record_matmuls(system)  # the recorded inputs are taken after the steps were timed
+
+    def replay():
+        for func, args, kwargs in calls:
+            func(*args, **kwargs)
+
+    replay()
+    alone = [seconds_per_call(replay, 1, device) for _ in range(rounds)]
+    return statistics.median(steps), statistics.median(alone), len(calls)
+
+
+def page_faults_per_step(system: System, steps: int = 3) -> float:
+    """Minor page faults per training step: memory the allocator takes fresh from the OS (every
+    page is zeroed on first touch). Linux and macOS."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        system.train_step()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
+
+
+def floor_report(system: System, batch: int) -> str:
+    step, alone, count = matmul_floor(system)
+    rest = step - alone
+    return "\n".join(
+        [
+            f"minor page faults per step: {page_faults_per_step(system):.0f}",
+            f"unprofiled step: {step * 1e3:.1f} ms = {batch / step:.1f} img/s",
+            f"its {count} matmul calls alone, back to back: {alone * 1e3:.1f} ms = "
+            f"{batch / alone:.1f} img/s if nothing else took time",
+            f"everything but the matmuls: {rest * 1e3:.1f} ms ({rest / step:.0%} of the step)",
+        ]
+    )
 
 
 if __name__ == "__main__":

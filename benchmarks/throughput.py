@@ -88,13 +88,13 @@ class System:
         batch: int,
         dtype: torch.dtype,
         device: torch.device,
-        compile: bool = False,
+        compile: str | None = None,
     ):
         torch.manual_seed(0)
         self.name, self.dtype, self.device = name, dtype, device
         self.model = BUILDERS[name](cfg).to(device)
         if compile:  # in place: the parameters keep their names; the first steps compile
-            self.model.compile()
+            self.model.compile(mode=compile)
         self.optimizer = make_optimizer(name, self.model)
         size = cfg["image_size"]
         self.x = torch.randn(batch, 3, size, size, device=device)
@@ -152,7 +152,7 @@ def gemm_peak(
 
 
 def measure(
-    names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG, compile=False
+    names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG, compile=None
 ) -> dict[str, dict]:
     """Median images/s (training and inference), FLOPs and FLOP/s per system, interleaved rounds."""
     dtype = PRECISIONS[precision]
@@ -218,12 +218,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="training and inference steps per system")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; medians are reported")
     parser.add_argument("--steps", type=int, default=3, help="steps per system per round")
-    parser.add_argument("--compile", action="store_true", help="torch.compile every system's model")
+    parser.add_argument(
+        "--compile", nargs="?", const="default", metavar="MODE",
+        help="torch.compile every system's model, in this mode (default, max-autotune-no-cudagraphs, ...)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     device = pick_device()
     print(hardware(device))
     print(f"config {CONFIG}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps")
-    print("torch.compile: " + ("every model" if args.compile else "no (eager)"))
+    print("torch.compile: " + (f"every model, mode {args.compile}" if args.compile else "no (eager)"))
     for precision in args.precisions:
         peak = gemm_peak(PRECISIONS[precision], device)
         results = measure(
