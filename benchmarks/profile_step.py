@@ -1,6 +1,7 @@
 """Where one training step of a system goes: torch.profiler's top operators, then the step's time
-split into matmuls (attention included), GELU, LayerNorm, copies and casts, and the rest; then the
-step's matmuls alone, replayed back to back: how fast the step could be if nothing else took time.
+split into matmuls (attention and convolutions included), GELU, LayerNorm, copies and casts, and
+the rest; then the step's matmuls alone, replayed back to back, for an estimate of what the step
+would take if nothing else took time.
 
 python -m benchmarks.profile_step --system ours --precision bf16
 """
@@ -37,20 +38,22 @@ def main(argv: list[str] | None = None) -> None:
     averages = prof.key_averages()
     print(averages.table(sort_by=sort, row_limit=args.rows))
     if device.type == "cpu":
-        print(breakdown(averages, args.steps))
-    print(floor_report(system, args.batch))
+        totals = breakdown(averages, args.steps)
+        print(format_breakdown(totals))
+        print(matmul_report(system, args.batch, totals["matmul"] / sum(totals.values())))
 
 
 # Operator-name fragments per category, checked in order; self times, so nothing is counted twice.
+# SDPA's fused kernels count as matmuls, softmax and scaling included.
 CATEGORIES = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "scaled_dot_product"),
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "scaled_dot_product", "convolution"),
     "GELU": ("gelu",),
     "LayerNorm": ("layer_norm",),
     "copies and casts": ("aten::copy_", "aten::_to_copy", "aten::cat"),
 }
 
 
-def breakdown(averages, steps: int) -> str:
+def breakdown(averages, steps: int) -> dict[str, float]:
     """Milliseconds per step by category of operator (self CPU time)."""
     totals = dict.fromkeys([*CATEGORIES, "everything else"], 0.0)
     for event in averages:
@@ -58,9 +61,19 @@ def breakdown(averages, steps: int) -> str:
             (c for c, parts in CATEGORIES.items() if any(p in event.key for p in parts)), "everything else"
         )
         totals[category] += event.self_cpu_time_total / 1e3 / steps
+    return totals
+
+
+def format_breakdown(totals: dict[str, float]) -> str:
     step = sum(totals.values())
     lines = [f"{name:<18} {ms:7.1f} ms  {ms / step:6.1%}" for name, ms in totals.items()]
     return "\n".join([f"one step: {step:.1f} ms (self time of each operator on the calling thread)", *lines])
+
+
+def copy_strided(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with the same sizes and strides (clone() makes non-dense views contiguous)."""
+    copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+    return copy.copy_(tensor)
 
 
 class MatmulRecorder(TorchDispatchMode):
@@ -74,7 +87,7 @@ class MatmulRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if any(part in func.name() for part in CATEGORIES["matmul"]):
-            copy = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # clone keeps strides
+            copy = [copy_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
             self.calls.append((func, copy, kwargs))
         return func(*args, **kwargs)
 
@@ -86,11 +99,12 @@ def record_matmuls(system: System) -> list:
     return recorder.calls
 
 
-def matmul_floor(system: System, rounds: int = 7) -> tuple[float, float, int]:
+def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
     """Seconds per training step, seconds for the same step's matmuls alone run back to back, and
-    their number (medians over `rounds`). The second is a floor for the first: what the step would
-    take, with the same matmul kernels, if every other operator (norms, activations, softmax,
-    casts, adds, the optimizer) took no time."""
+    their number (medians over `rounds`). The second estimates what the step would take, with
+    the same matmul kernels, if every other operator (norms, activations, softmax, casts, adds,
+    the optimizer) took no time. An estimate, not a bound: inside the step a matmul may find its
+    inputs in cache or not, and replayed ones too (the two differed by up to about 10% here)."""
     device = system.device
     steps = [seconds_per_call(system.train_step, 1, device) for _ in range(rounds)]
     calls = record_matmuls(system)  # the recorded inputs are taken after the steps were timed
@@ -105,26 +119,30 @@ def matmul_floor(system: System, rounds: int = 7) -> tuple[float, float, int]:
 
 
 def page_faults_per_step(system: System, steps: int = 3) -> float:
-    """Minor page faults per training step: memory the allocator takes fresh from the OS (every
-    page is zeroed on first touch). Linux and macOS."""
+    """Minor page faults per training step, after one step to warm up: memory the allocator takes
+    fresh from the OS (every page is zeroed on first touch). Linux and macOS."""
     import resource
 
+    system.train_step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
         system.train_step()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
 
 
-def floor_report(system: System, batch: int) -> str:
-    step, alone, count = matmul_floor(system)
-    rest = step - alone
+def matmul_report(system: System, batch: int, profiled_share: float) -> str:
+    """The step unprofiled, its matmuls alone, and two estimates of everything else: the step
+    minus the matmuls alone, and the step times the non-matmul share of the profile."""
+    faults = page_faults_per_step(system)
+    step, alone, count = matmuls_alone(system)
     return "\n".join(
         [
-            f"minor page faults per step: {page_faults_per_step(system):.0f}",
+            f"minor page faults per step: {faults:.0f}",
             f"unprofiled step: {step * 1e3:.1f} ms = {batch / step:.1f} img/s",
             f"its {count} matmul calls alone, back to back: {alone * 1e3:.1f} ms = "
             f"{batch / alone:.1f} img/s if nothing else took time",
-            f"everything but the matmuls: {rest * 1e3:.1f} ms ({rest / step:.0%} of the step)",
+            f"everything else: {(step - alone) * 1e3:.1f} ms (step - matmuls alone), "
+            f"{step * (1 - profiled_share) * 1e3:.1f} ms (step x the profile's non-matmul share)",
         ]
     )
 

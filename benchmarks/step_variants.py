@@ -8,8 +8,9 @@ step on CPU (`onednn-bias` is CPU only), measured in the step rather than in iso
 - `onednn-bias`: every Linear's forward through oneDNN with the bias added inside the matmul
   (`torch.ops.mkldnn._linear_pointwise`) instead of `addmm`, which first copies the bias into
   the output.
-- `chunked-mlp`: the MLP run over 2080 tokens (32 images) at a time, so that its 4x-wide hidden
-  activation stays in cache; the backward recomputes it (one extra matmul per block).
+- `chunked-mlp`: the MLP run over 2080 tokens (32 images; `--mlp_chunk`) at a time, so that its
+  4x-wide hidden layer is 1.6 M values at a time instead of 6.4 M and stays in a nearer cache;
+  the backward recomputes it (one extra matmul per block).
 Systems run interleaved after a warm-up, like benchmarks/throughput.py; medians are reported,
 with the largest difference of a variant's logits and parameter gradients from ours on the same
 batch and weights, relative to the largest of ours (bf16 rounding is about 4e-3).
@@ -40,14 +41,20 @@ def autocast_free(device_type: str, fn: Callable, *tensors: torch.Tensor) -> tor
     return fn(*tensors)
 
 
-def linear_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, layouts: bool):
+def linear_backward(ctx, grad: torch.Tensor, layouts: bool):
+    """Gradients of F.linear(x, weight, bias): the ones autograd asks for."""
+    x, weight = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad
     g = grad.reshape(-1, grad.shape[-1])
     x2 = x.reshape(-1, x.shape[-1])
-    if layouts:
-        grad_x, grad_w = g @ weight.t().contiguous().t(), (x2.t() @ g).t()
-    else:
-        grad_x, grad_w = g @ weight, g.t() @ x2
-    return grad_x.view(x.shape), grad_w, g.sum(0)
+    grad_x = grad_w = grad_b = None
+    if need_x:  # layouts: W^T made contiguous (a copy of the weight per call)
+        grad_x = (g @ weight.t().contiguous().t() if layouts else g @ weight).view(x.shape)
+    if need_w:  # layouts: a transposed gradient, which autograd copies into the weight's layout
+        grad_w = (x2.t() @ g).t() if layouts else g.t() @ x2
+    if need_b:
+        grad_b = g.sum(0)
+    return grad_x, grad_w, grad_b
 
 
 class LayoutsLinear(torch.autograd.Function):
@@ -58,7 +65,7 @@ class LayoutsLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return linear_backward(grad, *ctx.saved_tensors, layouts=True)
+        return linear_backward(ctx, grad, layouts=True)
 
 
 class OneDNNLinear(torch.autograd.Function):
@@ -69,7 +76,7 @@ class OneDNNLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return linear_backward(grad, *ctx.saved_tensors, layouts=False)
+        return linear_backward(ctx, grad, layouts=False)
 
 
 class ChunkedMLP(torch.autograd.Function):
@@ -92,7 +99,8 @@ class ChunkedMLP(torch.autograd.Function):
         x, w1, b1, w2 = ctx.saved_tensors
         x2, g2 = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
         grad_x = torch.empty_like(x2)
-        # fp32 sums over the chunks, as one matmul would accumulate
+        # summed over the chunks in fp32; in bf16 each chunk's product is rounded to bf16 first,
+        # so the gradients differ from one matmul's by about bf16's rounding
         grad_w1, grad_b1, grad_w2 = (torch.zeros_like(t, dtype=torch.float32) for t in (w1, b1, w2))
         n = ChunkedMLP.chunk
         for i in range(0, len(x2), n):
@@ -117,7 +125,8 @@ def linear_variant(function: type[torch.autograd.Function]) -> Callable[[nn.Modu
 
 def chunked_mlp(model: nn.Module) -> None:
     for m in model.modules():
-        if isinstance(m, FeedForward):  # fc1, GELU, dropout, fc2, dropout; dropout 0 here
+        if isinstance(m, FeedForward):  # fc1, GELU, dropout, fc2, dropout
+            assert m[2].p == m[4].p == 0, "the chunked MLP has no dropout"
             fc1, fc2 = m[0], m[3]
             args = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
             m.forward = lambda x, args=args: autocast_free(x.device.type, ChunkedMLP.apply, x, *args)
@@ -180,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--mlp_chunk", type=int, default=ChunkedMLP.chunk, help="tokens per chunk")
     args = parser.parse_args(argv)
+    ChunkedMLP.chunk = args.mlp_chunk
     names = ["ours", *[v for v in args.variants if v != "ours"]]
     results = measure(names, args.precision, args.batch, args.warmup, args.rounds, args.steps, pick_device())
     print(f"{args.precision}, batch {args.batch}, {args.rounds} interleaved rounds x {args.steps} steps")

@@ -30,6 +30,7 @@ from vit.model import build_vit
 # The configuration: CIFAR-sized images, a ViT-Ti-wide model of 6 blocks.
 CONFIG = dict(image_size=32, patch_size=4, dim=192, depth=6, heads=3, mlp_ratio=4.0, num_classes=10)
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 def pick_device() -> torch.device:
@@ -219,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; medians are reported")
     parser.add_argument("--steps", type=int, default=3, help="steps per system per round")
     parser.add_argument(
-        "--compile", nargs="?", const="default", metavar="MODE",
-        help="torch.compile every system's model, in this mode (default, max-autotune-no-cudagraphs, ...)",
+        "--compile", nargs="?", const="default", metavar="MODE", choices=COMPILE_MODES,
+        help=f"torch.compile every system's model, in this mode: {', '.join(COMPILE_MODES)}",
     )  # fmt: skip
     args = parser.parse_args(argv)
     device = pick_device()
