@@ -104,7 +104,7 @@ def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
     their number (medians over `rounds`). The second estimates what the step would take, with
     the same matmul kernels, if every other operator (norms, activations, softmax, casts, adds,
     the optimizer) took no time. An estimate, not a bound: inside the step a matmul may find its
-    inputs in cache or not, and replayed ones too (the two differed by up to about 10% here)."""
+    inputs in cache or not, and replayed ones too (the two differed by -11% to +4% in one run here)."""
     device = system.device
     steps = [seconds_per_call(system.train_step, 1, device) for _ in range(rounds)]
     calls = record_matmuls(system)  # the recorded inputs are taken after the steps were timed
