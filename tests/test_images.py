@@ -397,3 +397,31 @@ def test_cifar10_and_fashion_mnist_build_without_files_only_when_allowed(tmp_pat
         assert data.preprocess([Image.new("RGB", (50, 40))]).shape[-2:] == (data.image_size,) * 2
         with pytest.raises(DataNotFoundError):
             data.setup("test")
+
+
+def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
+    """`resize: center_crop` scales a wide image so that its height fits and keeps the centre square
+    (torchvision's Resize then CenterCrop); the default stretches the whole image into the
+    square. Splits, preprocess (vit-attention, predict) and the cache agree."""
+    root = make_folders(tmp_path)
+    wide = Image.new("RGB", (60, 20), (0, 0, 255))  # blue | green | red, in thirds
+    wide.paste((0, 255, 0), (20, 0, 40, 20))
+    wide.paste((255, 0, 0), (40, 0, 60, 20))
+    wide.save(root / "test" / "ant" / "09.png")
+    green = torch.tensor([0, 255, 0], dtype=torch.uint8)[:, None, None].expand(3, 8, 8)
+
+    stretched = ImageFolders(str(root), image_size=8, val_size=2)
+    cropped = ImageFolders(str(root), image_size=8, val_size=2, resize="center_crop")
+    (s_images, _), (c_images, _) = stretched.split("test"), cropped.split("test")
+    # ant's third test file: the green centre (bilinear blends in a little of the neighbours at
+    # the edges); stretched, blue on the left and red on the right
+    assert torch.equal(c_images[2][:, :, 1:-1], green[:, :, 1:-1]) and (c_images[2][1] >= 224).all()
+    assert s_images[2][2, :, 0].float().mean() > 200 and s_images[2][0, :, -1].float().mean() > 200
+    assert torch.equal(s_images[:2], c_images[:2])  # square images: the same either way
+    assert torch.equal(cropped.preprocess([wide]), c_images[2:3].float() / 255)
+    assert torch.equal(stretched.preprocess([wide]), s_images[2:3].float() / 255)
+    assert cropped.hparams.resize == "center_crop"
+    caches = sorted(p.name for p in (root / ".vit-cache").iterdir())
+    assert caches == ["test-8x8-RGB-crop.pt", "test-8x8-RGB.pt"]
+    with pytest.raises(ValueError, match="resize='squash' must be 'stretch' or 'center_crop'"):
+        ImageFolders(str(root), resize="squash")

@@ -20,7 +20,8 @@ Contract (vit-eval and vit-attention rely on it): the validation, test and predi
 labels int64 (N,). The training loader yields uint8 images, which `on_after_batch_transfer` turns
 into the same float form (augmented). `preprocess(pil_images)` prepares PIL images exactly as the
 test split is: converted to the data module's mode (RGB, or L for one channel), resized to
-`image_size` (bilinear), divided by 255. There is no mean/std normalisation: the patch embedding is
+`image_size` (bilinear; stretched, or for ImageFolders with `resize: center_crop` cropped around the
+centre), divided by 255. There is no mean/std normalisation: the patch embedding is
 linear, so it represents any per-channel affine map of the pixels exactly, and [0, 1] images can
 be drawn as they are.
 """
@@ -43,7 +44,7 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 from tqdm import tqdm
@@ -99,17 +100,22 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def to_pixels(image: Image.Image, mode: str, size: int | tuple[int, int]) -> torch.Tensor:
+def to_pixels(image: Image.Image, mode: str, size: int | tuple[int, int], crop: bool = False) -> torch.Tensor:
     """A PIL image -> uint8 (C, H, W): converted to `mode` ("RGB" or "L"), resized (bilinear) to
-    `size` (H, W), or (size, size) for an int. Alpha is dropped; a palette image goes through RGBA
-    so that its transparency is read too."""
+    `size` (H, W), or (size, size) for an int: stretched to it, or with `crop` scaled to cover
+    it with its aspect ratio kept and cropped to it around the centre (as torchvision's Resize
+    then CenterCrop). Alpha is dropped; a palette image goes through RGBA so that its
+    transparency is read too."""
     height, width = (size, size) if isinstance(size, int) else size
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode != mode:
         image = image.convert(mode)
     if image.size != (width, height):
-        image = image.resize((width, height), Image.Resampling.BILINEAR)
+        if crop:
+            image = ImageOps.fit(image, (width, height), Image.Resampling.BILINEAR)
+        else:
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
     pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
     return pixels.view(height, width, len(mode)).permute(2, 0, 1)
 
@@ -191,10 +197,11 @@ def list_images(folder: Path, classes: list[str]) -> tuple[list[str], torch.Tens
 
 
 def decode_images(
-    files: list[str], mode: str, size: int, on_bad_file: str, desc: str
+    files: list[str], mode: str, size: int, on_bad_file: str, desc: str, crop: bool = False
 ) -> tuple[torch.Tensor, list[int], list[str]]:
-    """Decode `files` into uint8 (N, C, size, size) with a few threads and a progress bar.
-    Returns the images, the indices of the files that could not be read, and why."""
+    """Decode `files` into uint8 (N, C, size, size) with a few threads and a progress bar
+    (`to_pixels`, `crop` as there). Returns the images, the indices of the files that could not
+    be read, and why."""
     images = torch.empty(len(files), len(mode), size, size, dtype=torch.uint8)
 
     def decode(chunk: range) -> list[tuple[int, str]]:
@@ -202,7 +209,7 @@ def decode_images(
         for i in chunk:
             try:
                 with Image.open(files[i]) as image:
-                    images[i] = to_pixels(image, mode, size)
+                    images[i] = to_pixels(image, mode, size, crop)
             except BAD_IMAGE as e:
                 bad.append((i, f"{type(e).__name__}: {one_line(e)}"))
         return bad
@@ -268,16 +275,17 @@ def save_cache(root: Path, name: str, cache: dict) -> Path | None:
 
 
 def read_image_folder(
-    root: Path, split: str, classes: list[str], size: int, mode: str, on_bad_file: str
+    root: Path, split: str, classes: list[str], size: int, mode: str, on_bad_file: str, crop: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The images of `root/<split>/<class>/*` as uint8 (N, C, size, size) and their labels,
-    from the cache when it matches the files, else decoded (and cached)."""
+    from the cache when it matches the files, else decoded (and cached); `crop` as in `to_pixels`."""
     folder = root / split
     files, labels, signature = list_images(folder, classes)
     if not files:
         raise DataError(f"no files in the class folders of {folder}")
-    signature = f"{signature}:{size}:{mode}"
-    name = f"{split}-{size}x{size}-{mode}.pt"
+    suffix = "-crop" if crop else ""  # stretched images keep the cache name they always had
+    signature = f"{signature}:{size}:{mode}{suffix}"
+    name = f"{split}-{size}x{size}-{mode}{suffix}.pt"
     start = time.perf_counter()
     for path in (cache_folder / name for cache_folder in cache_folders(root)):
         if (cache := load_cache(path, signature)) is not None:
@@ -285,7 +293,7 @@ def read_image_folder(
             report(f"loaded {len(cache['labels'])} images of {folder} from {path} in {seconds:.1f} s")
             break
     else:
-        images, bad, reasons = decode_images(files, mode, size, on_bad_file, desc=f"decoding {folder}")
+        images, bad, reasons = decode_images(files, mode, size, on_bad_file, f"decoding {folder}", crop)
         keep = torch.ones(len(files), dtype=torch.bool)
         keep[bad] = False
         skipped = [f"{files[i]} ({reason})" for i, reason in zip(bad, reasons, strict=True)]
@@ -564,8 +572,11 @@ class ImageFolders(ImageDataModule):
     (checkpoints record them, and a folder evaluated later must have the same class folders).
 
     Images of any size and mode (grayscale, palette, RGBA, ...) are converted to RGB, or to
-    grayscale with `channels: 1`, and resized to `image_size` x `image_size` (bilinear, aspect not
-    kept). Without `root/val/`, `val_size` training images (a count, or a fraction below 1) drawn
+    grayscale with `channels: 1`, and resized to `image_size` x `image_size` (bilinear):
+    stretched to the square (`resize: stretch`, the default), or with `resize: center_crop` scaled so
+    that the shorter side fits, the aspect ratio kept, and the centre square cropped (as
+    torchvision's Resize then CenterCrop); the same for images given later to vit-eval's predict
+    and vit-attention. Without `root/val/`, `val_size` training images (a count, or a fraction below 1) drawn
     with `seed` are held out for validation. A file that cannot be decoded stops the run with an
     error naming it (`on_bad_file: error`) or is skipped and counted (`skip`). Decoded splits are
     cached (see the module docstring).
@@ -579,9 +590,11 @@ class ImageFolders(ImageDataModule):
         val_size: int | float = 0.1,
         on_bad_file: Literal["error", "skip"] = "error",
         classes: list[str] | None = None,  # label order; default: the sorted train class folders
+        resize: Literal["stretch", "center_crop"] = "stretch",
         **kwargs,
     ):
         require(image_size >= 1, f"image_size={image_size} must be at least 1")
+        require(resize in ("stretch", "center_crop"), f"resize={resize!r} must be 'stretch' or 'center_crop'")
         require(channels in (1, 3), f"channels={channels} must be 1 (grayscale) or 3 (RGB)")
         require(on_bad_file in ("error", "skip"), f"on_bad_file={on_bad_file!r} must be 'error' or 'skip'")
         train = Path(root).expanduser() / "train"
@@ -606,6 +619,7 @@ class ImageFolders(ImageDataModule):
         # recorded in checkpoints, so a checkpoint names its classes where the folders are absent
         self.hparams["classes"] = self.classes
         self.on_bad_file = on_bad_file
+        self.crop = resize == "center_crop"
         self.has_val_split = (self.root / "val").is_dir()
         for name in ("val", "test"):
             if (self.root / name).is_dir():
@@ -614,7 +628,12 @@ class ImageFolders(ImageDataModule):
     def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         if not (self.root / name).is_dir():
             raise DataNotFoundError(f"no {name} split: {self.root / name} does not exist")
-        return read_image_folder(self.root, name, self.classes, self.image_size, self.mode, self.on_bad_file)
+        return read_image_folder(
+            self.root, name, self.classes, self.image_size, self.mode, self.on_bad_file, self.crop
+        )
+
+    def pixels(self, image: Image.Image) -> torch.Tensor:
+        return to_pixels(image, self.mode, self.image_size, self.crop)
 
 
 class FashionMNIST(ImageDataModule):
