@@ -375,7 +375,7 @@ def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(tm
     [result] = predict(ckpt, [picture], top_k=2)
     assert result["top_k"][0]["class"] in {"ant", "bee", "cat"} and len(result["top_k"]) == 2
     written = attention(ckpt=ckpt, images=[picture], out=tmp_path / "maps", layer=-1)
-    assert {png.name for png in written} == {"cls.png", "cls_000.png"}
+    assert {png.name for png in written} == {"cls.png", "cls_000_photo.png"}
     with pytest.raises(DataNotFoundError, match="image folder not found"):
         evaluate(ckpt, progress=False)
     with pytest.raises(DataNotFoundError, match="image folder not found"):

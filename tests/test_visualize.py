@@ -22,14 +22,19 @@ def pngs(folder) -> set[str]:
     return found
 
 
+def per_image(name: str, indices: list[int]) -> set[str]:
+    """The per-image figures of test images: position, then index in the test split."""
+    return {f"{name}_{n:03d}_test{i}.png" for n, i in enumerate(indices)}
+
+
 @pytest.mark.parametrize(
     "options, expected",
     [
-        ([], {"cls.png", *(f"cls_{i:03d}.png" for i in range(3))}),
+        ([], {"cls.png", "per image"}),
         (["--layer", "-1", "--head", "1"], {"cls.png"}),
         (
             ["--method", "query", "--query-patch", "1,2", "--layer", "0"],  # one layer, both heads
-            {"query_1_2.png", *(f"query_1_2_{i:03d}.png" for i in range(3))},
+            {"query_1_2.png", "per image"},
         ),
         (["--method", "rollout", "--discard_ratio", "0.5", "--head_fusion", "max"], {"rollout.png"}),
         (["--method", "grad-rollout", "--target", "2"], {"grad_rollout.png"}),
@@ -44,8 +49,13 @@ def pngs(folder) -> set[str]:
         ),
     ],
 )
-def test_methods_write_their_figures(trained_checkpoint, tmp_path, capsys, options, expected):
+def test_methods_write_their_figures(trained, trained_checkpoint, tmp_path, capsys, options, expected):
     run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "3", *options)
+    if "per image" in expected:  # one figure per image, named by position and test index
+        _, _, indices = spread_test_images(trained[1], 3)
+        assert indices == [0, 32, 63]  # 3 of the 64 test images, spread from first to last
+        summary = expected - {"per image"}
+        expected = summary | per_image(next(iter(summary)).removesuffix(".png"), indices)
     assert pngs(tmp_path / "out") == expected
     assert f"wrote {len(expected)} PNG files" in capsys.readouterr().out
 
@@ -60,7 +70,8 @@ def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path)
     extra = tmp_path / "c.png"
     Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8)).save(extra)
     run("--ckpt", trained_checkpoint, "--images", folder, extra, "--out", tmp_path / "out", "--layer", "-1")
-    assert pngs(tmp_path / "out") == {"cls.png", "cls_000.png", "cls_001.png", "cls_002.png"}
+    # one figure per image, named by its position and its file (the folder's sorted, then c.png)
+    assert pngs(tmp_path / "out") == {"cls.png", "cls_000_a.png", "cls_001_b.png", "cls_002_c.png"}
 
 
 @pytest.mark.parametrize(
@@ -170,7 +181,7 @@ def test_a_non_square_model_without_a_data_module(tmp_path, small_data):
         "--plots",
     )
     assert pngs(out) == {
-        "query_3_5.png", "query_3_5_000.png", "mean_attention_distance.png",
+        "query_3_5.png", f"query_3_5_000_{picture.stem}.png", "mean_attention_distance.png",
         "pos_embed_similarity.png", "embedding_filters.png",
     }  # fmt: skip
     for options, message in (
@@ -272,3 +283,11 @@ def test_image_files_are_prepared_as_the_data_module_prepares_its_test_images(tm
     assert batch.shape == (1, 1, 32, 32)
     assert torch.equal(batch[0, 0, 2:30, 2:30], torch.from_numpy(picture).float() / 255)
     assert batch[0, 0, :2].abs().sum() == 0  # the black border, as in training
+
+
+def test_file_tags_are_safe_parts_of_file_names():
+    from vit.visualize import file_tag
+
+    assert file_tag("cat") == "cat"
+    assert file_tag("my photo (1)/ü") == "my_photo__1___"
+    assert file_tag("x" * 100) == "x" * 40

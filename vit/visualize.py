@@ -11,6 +11,7 @@ command with one line `error: ...` and a non-zero exit, and no output folder is 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -110,6 +111,12 @@ def load_images(files: list[Path], model: ViT, datamodule=None) -> torch.Tensor:
     return to_float(torch.stack(images))
 
 
+def file_tag(stem: str) -> str:
+    """An image file's stem as a safe part of a file name: letters, digits, '.', '-', '_' kept,
+    anything else '_', at most 40 characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem)[:40]
+
+
 def _check(
     method: str, layer, head, query_patch, head_fusion: str, discard_ratio: float, num_images, batch_size
 ) -> None:
@@ -151,7 +158,8 @@ def attention(
 
     Writes `<method>.png` (every image with its map: for cls and query the mean over the chosen
     heads of the last chosen layer) and, for cls and query with more than one layer or head, one
-    `<method>_NNN.png` per image with a row per layer and a column per head. `--plots` adds the
+    `<method>_NNN_<image>.png` per image (NNN its position, <image> `test<index>` or the file's
+    name) with a row per layer and a column per head. `--plots` adds the
     ViT paper's Figure 7: mean_attention_distance.png, pos_embed_similarity.png and
     embedding_filters.png.
 
@@ -196,11 +204,13 @@ def attention(
         files = image_files(images)
         batch, labels = load_images(files, model, datamodule), None
         captions = [f.name for f in files]
+        tags = [file_tag(f.stem) for f in files]
     else:
         if datamodule is None:
             raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
         batch, labels, indices = spread_test_images(datamodule, num_images)
         captions = [f"test {i}" for i in indices]
+        tags = [f"test{i}" for i in indices]
 
     # the forward pass that gives the weights gives the predictions too (grad-rollout needs its
     # own pass with gradients: one layer here is enough)
@@ -233,7 +243,7 @@ def attention(
         summary_title = f"{what}, layer {layers[-1]}, {head_text}"
         if len(layers) * len(heads) > 1:
             for i in range(len(batch)):
-                figures[f"{name}_{i:03d}.png"] = layers_heads_figure(
+                figures[f"{name}_{i:03d}_{tags[i]}.png"] = layers_heads_figure(
                     batch[i],
                     maps[:, i],
                     layers,
