@@ -38,9 +38,12 @@ def tiny_args(runs: Path, *extra: str, name: str = "tiny") -> list[str]:
     ]
 
 
-def run_train(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in a subprocess, as a user runs it."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def run_train(
+    *args: str, cwd: Path, timeout: float = 600, warnings: str = "ignore"
+) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` in a subprocess, as a user runs it (Python warnings off unless
+    `warnings="default"`)."""
+    env = {**os.environ, "PYTHONWARNINGS": warnings}
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,

@@ -425,3 +425,22 @@ def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
     assert caches == ["test-8x8-RGB-crop.pt", "test-8x8-RGB.pt"]
     with pytest.raises(ValueError, match="resize='squash' must be 'stretch' or 'center_crop'"):
         ImageFolders(str(root), resize="squash")
+
+
+def test_vit_train_runs_data_parallel_on_two_cpu_processes(tmp_path, runs):
+    """`--trainer.strategy ddp --trainer.devices 2` on CPU: the two processes split each epoch's
+    images (3 steps of 8 per process where one process takes 6), and the epoch-level logs are
+    synchronised (no warning asking for sync_dist)."""
+    root = make_folders(tmp_path / "photos", per_class={"train": 20, "test": 2})
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.devices", "2"]
+    result = run_train(
+        *train_args(root, runs, "--trainer.max_epochs", "2", "--data.val_size", "6", *ddp),
+        cwd=tmp_path, timeout=300, warnings="default",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "sync_dist" not in result.stdout + result.stderr
+    with open(runs / "folders" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    minutes = [r for r in rows if r["time/minutes"]]
+    assert [int(r["epoch"]) for r in minutes] == [0, 1] and all(r["val/acc"] for r in minutes)
+    assert max(int(r["step"]) for r in rows if r["epoch"] == "0") == 2  # steps 0-2: 3 per epoch

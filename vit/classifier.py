@@ -99,9 +99,10 @@ class Classifier(L.LightningModule):
         self._fit_started = time.perf_counter()
 
     def on_validation_epoch_end(self) -> None:
-        # minutes since this fit started, beside val/acc: accuracy against wall time
+        # minutes since this fit started, beside val/acc: accuracy against wall time (every
+        # process logs its own; with several, the mean)
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
-            self.log("time/minutes", (time.perf_counter() - self._fit_started) / 60, rank_zero_only=True)
+            self.log("time/minutes", (time.perf_counter() - self._fit_started) / 60, sync_dist=True)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "val", self.val_acc)
