@@ -364,13 +364,20 @@ def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(tm
     """Checkpoints record the class names, so `vit-eval predict` and `vit-attention --images` work
     on a machine without the training folders; evaluating a split there is a one-line error."""
     root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
-    cli.main(train_args(root, runs))
+    cli.main(train_args(root, runs, "--data.resize", "center_crop"))
     ckpt = runs / "folders" / "version_0" / "checkpoints" / "last.ckpt"
     recorded = torch.load(ckpt, weights_only=True)["datamodule_hyper_parameters"]
-    assert recorded["classes"] == ["ant", "bee", "cat"]
+    assert recorded["classes"] == ["ant", "bee", "cat"] and recorded["resize"] == "center_crop"
     picture = tmp_path / "photo.png"
     write_image(picture, 120, "RGB", (40, 22))
     shutil.rmtree(root)
+
+    # the rebuilt data module prepares images as training did: cropped, not stretched
+    wide = Image.new("RGB", (60, 20), (0, 0, 255))
+    wide.paste((255, 0, 0), (20, 0, 40, 20))
+    _, data = load_checkpoint(ckpt, need_data=False)
+    assert torch.equal(data.preprocess([wide])[0], images.to_pixels(wide, "RGB", 16, crop=True) / 255)
+    assert not torch.equal(data.preprocess([wide])[0], images.to_pixels(wide, "RGB", 16) / 255)
 
     [result] = predict(ckpt, [picture], top_k=2)
     assert result["top_k"][0]["class"] in {"ant", "bee", "cat"} and len(result["top_k"]) == 2
@@ -417,7 +424,7 @@ def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
     # the edges); stretched, blue on the left and red on the right
     assert torch.equal(c_images[2][:, :, 1:-1], green[:, :, 1:-1]) and (c_images[2][1] >= 224).all()
     assert s_images[2][2, :, 0].float().mean() > 200 and s_images[2][0, :, -1].float().mean() > 200
-    assert torch.equal(s_images[:2], c_images[:2])  # square images: the same either way
+    assert torch.equal(s_images[:2], c_images[:2])  # flat images: the same either way
     assert torch.equal(cropped.preprocess([wide]), c_images[2:3].float() / 255)
     assert torch.equal(stretched.preprocess([wide]), s_images[2:3].float() / 255)
     assert cropped.hparams.resize == "center_crop"

@@ -22,6 +22,12 @@ def pngs(folder) -> set[str]:
     return found
 
 
+def pngs_and_more(folder) -> set[str]:
+    found = {p.name for p in folder.iterdir()}
+    assert all((folder / name).read_bytes()[:4] == PNG for name in found if name.endswith(".png"))
+    return found
+
+
 def per_image(name: str, indices: list[int]) -> set[str]:
     """The per-image figures of test images: position, then index in the test split."""
     return {f"{name}_{n:03d}_test{i}.png" for n, i in enumerate(indices)}
@@ -72,6 +78,10 @@ def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path)
     run("--ckpt", trained_checkpoint, "--images", folder, extra, "--out", tmp_path / "out", "--layer", "-1")
     # one figure per image, named by its position and its file (the folder's sorted, then c.png)
     assert pngs(tmp_path / "out") == {"cls.png", "cls_000_a.png", "cls_001_b.png", "cls_002_c.png"}
+    (tmp_path / "out" / "notes.txt").write_text("the user's")
+    run("--ckpt", trained_checkpoint, "--images", extra, "--out", tmp_path / "out", "--layer", "-1")
+    # another run into the same folder replaces the per-image figures, and only those
+    assert pngs_and_more(tmp_path / "out") == {"cls.png", "cls_000_c.png", "notes.txt"}
 
 
 @pytest.mark.parametrize(

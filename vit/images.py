@@ -103,9 +103,9 @@ def one_line(error: BaseException) -> str:
 def to_pixels(image: Image.Image, mode: str, size: int | tuple[int, int], crop: bool = False) -> torch.Tensor:
     """A PIL image -> uint8 (C, H, W): converted to `mode` ("RGB" or "L"), resized (bilinear) to
     `size` (H, W), or (size, size) for an int: stretched to it, or with `crop` scaled to cover
-    it with its aspect ratio kept and cropped to it around the centre (as torchvision's Resize
-    then CenterCrop). Alpha is dropped; a palette image goes through RGBA so that its
-    transparency is read too."""
+    it with its aspect ratio kept and cropped to it around the centre (like torchvision's Resize
+    then CenterCrop; PIL crops before it resizes, so edge pixels can differ slightly). Alpha is
+    dropped; a palette image goes through RGBA so that its transparency is read too."""
     height, width = (size, size) if isinstance(size, int) else size
     if image.mode == "P":
         image = image.convert("RGBA")
@@ -574,7 +574,7 @@ class ImageFolders(ImageDataModule):
     Images of any size and mode (grayscale, palette, RGBA, ...) are converted to RGB, or to
     grayscale with `channels: 1`, and resized to `image_size` x `image_size` (bilinear):
     stretched to the square (`resize: stretch`, the default), or with `resize: center_crop` scaled so
-    that the shorter side fits, the aspect ratio kept, and the centre square cropped (as
+    that the shorter side fits, the aspect ratio kept, and the centre square cropped (like
     torchvision's Resize then CenterCrop); the same for images given later to vit-eval's predict
     and vit-attention. Without `root/val/`, `val_size` training images (a count, or a fraction below 1) drawn
     with `seed` are held out for validation. A file that cannot be decoded stops the run with an

@@ -269,13 +269,19 @@ def attention(
         figures.update(figure_7(model, batch, batch_size))
 
     out = Path(out)
+    # per-image figures of an earlier run into the same folder, for other images: replaced too
+    stale = [p for p in out.glob(f"{name}_[0-9][0-9][0-9]_*.png") if p.name not in figures]
     written = save_all(out, figures)
+    for path in stale:
+        path.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     print(f"wrote {len(written)} PNG files into {out} for {len(batch)} images in {seconds:.1f} s:")
     for path in written[:3]:
         print(f"  {path}")
     if len(written) > 3:
         print(f"  ... {len(written) - 3} more")
+    if stale:
+        print(f"removed {len(stale)} per-image figures of an earlier run ({stale[0].name}, ...)")
     return written
 
 
