@@ -378,6 +378,7 @@ class ImageDataModule(L.LightningDataModule):
     """
 
     has_val_split = False  # True when the data has its own validation split; else it is held out
+    crop = False  # resize by cropping around the centre instead of stretching (`to_pixels`)
 
     def __init__(
         self,
@@ -435,7 +436,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
         """One PIL image as uint8 (C, H, W), as the splits are made."""
-        return to_pixels(image, self.mode, self.image_size)
+        return to_pixels(image, self.mode, self.image_size, self.crop)
 
     def preprocess(self, images: list[Image.Image]) -> torch.Tensor:
         """PIL images -> float32 (N, C, H, W) in [0, 1], prepared exactly as the test split is."""
@@ -631,9 +632,6 @@ class ImageFolders(ImageDataModule):
         return read_image_folder(
             self.root, name, self.classes, self.image_size, self.mode, self.on_bad_file, self.crop
         )
-
-    def pixels(self, image: Image.Image) -> torch.Tensor:
-        return to_pixels(image, self.mode, self.image_size, self.crop)
 
 
 class FashionMNIST(ImageDataModule):
