@@ -11,11 +11,18 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.throughput import BUILDERS, CONFIG, PRECISIONS, System, pick_device, seconds_per_call
+from benchmarks.throughput import (
+    BUILDERS,
+    CONFIG,
+    MATMULS,
+    PRECISIONS,
+    System,
+    pick_device,
+    replay,
+    seconds_per_call,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,9 +51,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # Operator-name fragments per category, checked in order; self times, so nothing is counted twice.
-# SDPA's fused kernels count as matmuls, softmax and scaling included.
 CATEGORIES = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "scaled_dot_product", "convolution"),
+    "matmul": MATMULS,
     "GELU": ("gelu",),
     "LayerNorm": ("layer_norm",),
     "copies and casts": ("aten::copy_", "aten::_to_copy", "aten::cat"),
@@ -70,35 +76,6 @@ def format_breakdown(totals: dict[str, float]) -> str:
     return "\n".join([f"one step: {step:.1f} ms (self time of each operator on the calling thread)", *lines])
 
 
-def copy_strided(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy with the same sizes and strides (clone() makes non-dense views contiguous)."""
-    copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device)
-    return copy.copy_(tensor)
-
-
-class MatmulRecorder(TorchDispatchMode):
-    """Records every matmul operator a step runs (the ones `CATEGORIES` counts as matmuls), with a
-    copy of its inputs in the same strides, so that they can be run again without the rest."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if any(part in func.name() for part in CATEGORIES["matmul"]):
-            copy = [copy_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
-            self.calls.append((func, copy, kwargs))
-        return func(*args, **kwargs)
-
-
-def record_matmuls(system: System) -> list:
-    """The matmul calls of one training step (forward and backward), in order."""
-    with MatmulRecorder() as recorder:
-        system.train_step()
-    return recorder.calls
-
-
 def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
     """Seconds per training step, seconds for the same step's matmuls alone run back to back, and
     their number (medians over `rounds`). The second estimates what the step would take, with
@@ -107,14 +84,9 @@ def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
     inputs in cache or not, and replayed ones too (the two differed by -11% to +4% in one run here)."""
     device = system.device
     steps = [seconds_per_call(system.train_step, 1, device) for _ in range(rounds)]
-    calls = record_matmuls(system)  # the recorded inputs are taken after the steps were timed
-
-    def replay():
-        for func, args, kwargs in calls:
-            func(*args, **kwargs)
-
-    replay()
-    alone = [seconds_per_call(replay, 1, device) for _ in range(rounds)]
+    calls = system.matmul_calls()  # the recorded inputs are taken after the steps were timed
+    replay(calls)
+    alone = [seconds_per_call(lambda: replay(calls), 1, device) for _ in range(rounds)]
     return statistics.median(steps), statistics.median(alone), len(calls)
 
 

@@ -6,7 +6,16 @@
 One training step = forward, cross-entropy, backward, AdamW step. Systems run interleaved after a
 warm-up, for several rounds; we report medians. Training FLOPs per image come from
 `torch.utils.flop_counter.FlopCounterMode` (matmuls only, as usual); the peak is a
-large square matmul in the same precision, measured in the same run.
+large square matmul in the same precision, measured in the same run. Each precision ends with the
+issue's target: 1.5x the faster peer in bf16, 1.1x in fp32.
+
+    python benchmarks/throughput.py --matmuls-alone   # adds a column: each step's matmuls alone
+
+`--matmuls-alone` replays the matmul calls of one training step of each system (recorded with
+copies of their inputs), back to back, in the same rounds: how fast the step would be, with the
+same kernels, if nothing else (norms, activations, softmax, casts, adds, the optimizer) took time.
+Holding and replaying those copies slows the training steps of the same run a little, so the
+plain run's table is the one to compare systems by.
 Peers: `pip install -e ".[bench]"`.
 """
 
@@ -22,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit.classifier import adamw
@@ -30,6 +40,11 @@ from vit.model import build_vit
 # The issue's configuration: CIFAR-sized images, a ViT-Ti-wide model of 6 blocks.
 CONFIG = dict(image_size=32, patch_size=4, dim=192, depth=6, heads=3, mlp_ratio=4.0, num_classes=10)
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Issue 6's targets: training images/s of ours over the faster peer's, per precision.
+TARGETS = {"fp32": 1.1, "bf16": 1.5}
+# Operator-name fragments of the matmuls (attention and convolutions included); SDPA's fused
+# kernels count as matmuls, softmax and scaling included.
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "scaled_dot_product", "convolution")
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
@@ -118,6 +133,17 @@ class System:
         with self.autocast():
             self.model(self.x)
 
+    def matmul_calls(self) -> list:
+        """The matmul calls of one training step (forward and backward; the optimizer has none), in
+        order, with copies of their inputs. `.forward` runs a compiled model eagerly, where the
+        recorder sees every operator."""
+        with MatmulRecorder() as recorder:
+            with self.autocast():
+                loss = F.cross_entropy(self.model.forward(self.x), self.y)
+            loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        return recorder.calls
+
     def train_flops(self) -> int:
         """FLOPs of one training step (forward + backward; the optimizer's are negligible)."""
         # The math backend spells attention out as matmuls, which the counter sees; it does not
@@ -129,6 +155,34 @@ class System:
             loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
         return counter.get_total_flops()
+
+
+def copy_strided(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with the same sizes and strides (clone() makes non-dense views contiguous)."""
+    copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+    return copy.copy_(tensor)
+
+
+class MatmulRecorder(TorchDispatchMode):
+    """Records every matmul operator (`MATMULS`) run inside it, with a copy of its inputs in the
+    same strides, so that they can be run again without the rest."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(part in func.name() for part in MATMULS):
+            copy = [copy_strided(a) if isinstance(a, torch.Tensor) else a for a in args]
+            self.calls.append((func, copy, kwargs))
+        return func(*args, **kwargs)
+
+
+def replay(calls: list) -> None:
+    """Runs recorded calls again, back to back."""
+    for func, args, kwargs in calls:
+        func(*args, **kwargs)
 
 
 def seconds_per_call(fn: Callable[[], None], calls: int, device: torch.device) -> float:
@@ -153,21 +207,27 @@ def gemm_peak(
 
 
 def measure(
-    names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG, compile=None
+    names, precision, batch, warmup, rounds, steps, device, cfg=CONFIG, compile=None, matmuls_alone=False
 ) -> dict[str, dict]:
-    """Median images/s (training and inference), FLOPs and FLOP/s per system, interleaved rounds."""
+    """Median images/s (training, inference and, with `matmuls_alone`, a training step's matmuls
+    alone), FLOPs and FLOP/s per system, interleaved rounds."""
     dtype = PRECISIONS[precision]
     systems = [System(name, cfg, batch, dtype, device, compile) for name in names]
     for system in systems:
         for _ in range(warmup):
             system.train_step()
             system.infer_step()
+    calls = {s.name: s.matmul_calls() for s in systems} if matmuls_alone else {}
     train = {s.name: [] for s in systems}
     infer = {s.name: [] for s in systems}
+    alone = {s.name: [] for s in systems}
     for _ in range(rounds):
         for system in systems:
             train[system.name].append(seconds_per_call(system.train_step, steps, device))
             infer[system.name].append(seconds_per_call(system.infer_step, steps, device))
+            if matmuls_alone:
+                mm = calls[system.name]
+                alone[system.name].append(seconds_per_call(lambda mm=mm: replay(mm), steps, device))
     results = {}
     for system in systems:
         flops = system.train_flops() / batch
@@ -175,6 +235,7 @@ def measure(
         results[system.name] = dict(
             train_ips=train_ips,
             infer_ips=batch / statistics.median(infer[system.name]),
+            matmul_ips=batch / statistics.median(alone[system.name]) if matmuls_alone else None,
             flops=flops,
             flops_per_s=flops * train_ips,
         )
@@ -185,7 +246,8 @@ def table(precision: str, results: dict[str, dict], peak: float) -> str:
     names = list(results)
     peers = [n for n in names if n != "ours"]
     head = f"{'system':<12} {'train img/s':>11} {'infer img/s':>11} {'GFLOP/img':>9} {'GFLOP/s':>8}"
-    head += f" {'of peak':>7}"
+    alone = all(r["matmul_ips"] is not None for r in results.values())
+    head += f" {'of peak':>7}" + (f" {'matmuls alone':>13}" if alone else "")
     head += "".join(f" {'vs ' + p:>14}" for p in peers)
     lines = [f"{precision}: GEMM peak {peak / 1e9:.0f} GFLOP/s", head]
     for name, r in results.items():
@@ -193,9 +255,26 @@ def table(precision: str, results: dict[str, dict], peak: float) -> str:
             f"{name:<12} {r['train_ips']:>11.1f} {r['infer_ips']:>11.1f} {r['flops'] / 1e9:>9.3f} "
             f"{r['flops_per_s'] / 1e9:>8.1f} {r['flops_per_s'] / peak:>7.1%}"
         )
+        row += f" {r['matmul_ips']:>13.1f}" if alone else ""
         row += "".join(f" {r['train_ips'] / results[p]['train_ips']:>13.2f}x" for p in peers)
         lines.append(row)
+    if "ours" in results and peers:
+        lines.append(target_line(precision, results))
     return "\n".join(lines)
+
+
+def target_line(precision: str, results: dict[str, dict]) -> str:
+    """The issue's target against the faster peer of this run, and how ours stands: its training
+    step and, when measured, its matmuls alone (what the step would reach if nothing else took time)."""
+    peer = max((n for n in results if n != "ours"), key=lambda n: results[n]["train_ips"])
+    target = TARGETS[precision] * results[peer]["train_ips"]
+    ours = results["ours"]
+    line = f"target {TARGETS[precision]}x {peer} = {target:.1f} img/s: ours trains at {ours['train_ips']:.1f}"
+    line += f" ({ours['train_ips'] / target:.0%} of it)"
+    alone = ours["matmul_ips"]
+    if alone is not None:
+        line += f"; its matmuls alone run at {alone:.1f} ({alone / target:.0%} of it)"
+    return line
 
 
 def hardware(device: torch.device) -> str:
@@ -223,6 +302,10 @@ def main(argv: list[str] | None = None) -> None:
         "--compile", nargs="?", const="default", metavar="MODE", choices=COMPILE_MODES,
         help=f"torch.compile every system's model, in this mode: {', '.join(COMPILE_MODES)}",
     )  # fmt: skip
+    parser.add_argument(
+        "--matmuls-alone", action="store_true",
+        help="also time each system's training-step matmuls alone, replayed back to back",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     device = pick_device()
     print(hardware(device))
@@ -239,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
             args.steps,
             device,
             compile=args.compile,
+            matmuls_alone=args.matmuls_alone,
         )
         print()
         print(table(precision, results, peak))
