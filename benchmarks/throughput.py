@@ -11,11 +11,11 @@ issue's target: 1.5x the faster peer in bf16, 1.1x in fp32.
 
     python benchmarks/throughput.py --matmuls-alone   # adds a column: each step's matmuls alone
 
-`--matmuls-alone` replays the matmul calls of one training step of each system (recorded with
-copies of their inputs), back to back, in the same rounds: how fast the step would be, with the
-same kernels, if nothing else (norms, activations, softmax, casts, adds, the optimizer) took time.
-Holding and replaying those copies slows the training steps of the same run a little, so the
-plain run's table is the one to compare systems by.
+`--matmuls-alone` records the matmul calls of one training step of each system (with copies of
+their inputs) after the timed rounds, and replays them back to back, systems interleaved, for as
+many rounds: how fast the step would be, with the same (eager) kernels, if nothing else (norms,
+activations, softmax, casts, adds, the optimizer) took time. Not with `--compile`: a compiled
+step runs other kernels.
 Peers: `pip install -e ".[bench]"`.
 """
 
@@ -26,6 +26,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -137,6 +138,7 @@ class System:
         """The matmul calls of one training step (forward and backward; the optimizer has none), in
         order, with copies of their inputs. `.forward` runs a compiled model eagerly, where the
         recorder sees every operator."""
+        self.model.train()
         with MatmulRecorder() as recorder:
             with self.autocast():
                 loss = F.cross_entropy(self.model.forward(self.x), self.y)
@@ -217,7 +219,6 @@ def measure(
         for _ in range(warmup):
             system.train_step()
             system.infer_step()
-    calls = {s.name: s.matmul_calls() for s in systems} if matmuls_alone else {}
     train = {s.name: [] for s in systems}
     infer = {s.name: [] for s in systems}
     alone = {s.name: [] for s in systems}
@@ -225,9 +226,12 @@ def measure(
         for system in systems:
             train[system.name].append(seconds_per_call(system.train_step, steps, device))
             infer[system.name].append(seconds_per_call(system.infer_step, steps, device))
-            if matmuls_alone:
-                mm = calls[system.name]
-                alone[system.name].append(seconds_per_call(lambda mm=mm: replay(mm), steps, device))
+    if matmuls_alone:  # after the timed steps: the copies (GBs at batch 128) would weigh on them
+        calls = {s.name: s.matmul_calls() for s in systems}
+        for _ in range(rounds):
+            for name, mm in calls.items():
+                alone[name].append(seconds_per_call(partial(replay, mm), steps, device))
+        del calls
     results = {}
     for system in systems:
         flops = system.train_flops() / batch
@@ -307,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         help="also time each system's training-step matmuls alone, replayed back to back",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.compile and args.matmuls_alone:
+        parser.error("--matmuls-alone replays eager matmuls; a compiled step runs other kernels")
     device = pick_device()
     print(hardware(device))
     print(f"config {CONFIG}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps")
