@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import partial
 
 from torch.profiler import ProfilerActivity, profile
 
@@ -86,7 +87,7 @@ def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
     steps = [seconds_per_call(system.train_step, 1, device) for _ in range(rounds)]
     calls = system.matmul_calls()  # the recorded inputs are taken after the steps were timed
     replay(calls)
-    alone = [seconds_per_call(lambda: replay(calls), 1, device) for _ in range(rounds)]
+    alone = [seconds_per_call(partial(replay, calls), 1, device) for _ in range(rounds)]
     return statistics.median(steps), statistics.median(alone), len(calls)
 
 

@@ -134,28 +134,29 @@ class System:
         with self.autocast():
             self.model(self.x)
 
+    def eager_gradients(self) -> None:
+        """Forward and backward of one training step, without the optimizer step, the gradients
+        dropped: the work that `matmul_calls` and `train_flops` look inside. `.forward` runs a
+        compiled model eagerly, where a dispatch mode sees every operator."""
+        self.model.train()
+        with self.autocast():
+            loss = F.cross_entropy(self.model.forward(self.x), self.y)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def matmul_calls(self) -> list:
         """The matmul calls of one training step (forward and backward; the optimizer has none), in
-        order, with copies of their inputs. `.forward` runs a compiled model eagerly, where the
-        recorder sees every operator."""
-        self.model.train()
+        order, with copies of their inputs."""
         with MatmulRecorder() as recorder:
-            with self.autocast():
-                loss = F.cross_entropy(self.model.forward(self.x), self.y)
-            loss.backward()
-        self.optimizer.zero_grad(set_to_none=True)
+            self.eager_gradients()
         return recorder.calls
 
     def train_flops(self) -> int:
         """FLOPs of one training step (forward + backward; the optimizer's are negligible)."""
         # The math backend spells attention out as matmuls, which the counter sees; it does not
         # count the CPU flash kernel, so systems on SDPA would look cheaper than they are.
-        # `.forward` runs a compiled model eagerly, where the counter sees every operator.
         with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
-            with self.autocast():
-                loss = F.cross_entropy(self.model.forward(self.x), self.y)
-            loss.backward()
-        self.optimizer.zero_grad(set_to_none=True)
+            self.eager_gradients()
         return counter.get_total_flops()
 
 
