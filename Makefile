@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint notebooks clean
 
 $(VENV)/installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,16 @@ demo: $(VENV)/installed
 	$(BIN)/vit-eval --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/eval; \
 	$(BIN)/vit-attention --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/attention; \
 	echo "demo finished in $$(( $$(date +%s) - start )) s: run in $(DEMO)/train, evaluation in $(DEMO)/eval, overlays in $(DEMO)/attention"
+
+# Run the four notebooks at their full size and store them with their outputs, so that a reader on
+# a code host sees the figures (the tests run them small). A few minutes on 2 CPU cores.
+notebooks: $(VENV)/installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[notebooks]"
+	@start=$$(date +%s); set -e; cd notebooks; for nb in *.ipynb; do \
+	  ../$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=3600 "$$nb"; \
+	done; rm -rf runs lightning_logs; \
+	echo "notebooks executed and stored with their outputs in $$(( $$(date +%s) - start )) s"
 
 lint: $(VENV)/installed
 	$(BIN)/ruff check .

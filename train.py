@@ -1,6 +1,6 @@
 """Train, validate, test or predict from the command line; same as the `vit-train` command."""
 
-from vit.cli import main
+from vit.commands.train import main
 
 if __name__ == "__main__":
     main()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from benchmarks.throughput import pick_device, seconds_per_call
 from vit.classifier import adamw
-from vit.images import CIFAR10
+from vit.datamodules import CIFAR10
 from vit.model import build_vit
 
 REPO = Path(__file__).resolve().parents[1]

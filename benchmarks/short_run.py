@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.throughput import CONFIG, build_vit_pytorch
-from vit.images import CIFAR10
+from vit.datamodules import CIFAR10
 from vit.model import build_vit, num_params
 
 SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"

@@ -8,7 +8,7 @@ is tested on the in-distribution test split and on the `far` split (separations 
 training range). Writes `results.json`, `table.md`, `accuracy_vs_separation.png` and
 `accuracy_vs_receptive_field.png` into `--out`.
 
-Predictions, stated before running (see the README for what happened so far). The circles'
+Predictions, stated before running (see docs/two_circles.md for what happened so far). The circles'
 inked edges are 7-9.5 pixels apart in training and 9.5-10.9 pixels apart in the far split, more
 than the ViT's 8-pixel patch, so no single patch holds both circles:
 1. A bag of local features (3x3 convolutions, then global average pooling, circular padding)
@@ -38,9 +38,9 @@ from matplotlib.figure import Figure
 from vit import CNNClassifier, TwoCircles, ViTClassifier
 from vit.attention import attention_share, attention_weights, query_attention_maps
 from vit.classifier import Classifier
-from vit.data import circle_patch_masks, torus_delta
 from vit.model import num_params
 from vit.plot import overlay_grid_figure, save_figure
+from vit.two_circles import circle_patch_masks, torus_delta
 
 # The data of the comparison: a wrap-around canvas (each circle's position independent of the
 # class), circles of radius 2 whose centres are 12-14.5 pixels apart in training and 14.5-15.9
@@ -82,7 +82,7 @@ def models(fields: list[int], cnn_width: int) -> dict[str, dict]:
 def correct_by_image(model: Classifier, data: TwoCircles, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Per test image: whether the model is right, and the circles' separation in pixels."""
     model.eval()
-    images, labels = data._split(split).tensors
+    images, labels = data.split(split).images, data.split(split).labels
     predicted = torch.cat([model(x).argmax(-1) for x in images.split(512)])
     centres = data.centres[split]
     period = float(data.hparams.image_size) if data.hparams.wrap else None
@@ -127,7 +127,7 @@ def attention_analysis(model: ViTClassifier, data: TwoCircles, out: Path, n: int
     both circles ink are left out) against uniform attention; and a figure of query-patch maps,
     the query being a patch of the first circle."""
     vit = model.model.eval()
-    images = data._split("test").tensors[0][:n]
+    images = data.split("test").images[:n]
     masks = circle_patch_masks(data.centres["test"][:n], data.hparams.image_size, data.hparams.radius,
                                vit.patch_size)  # fmt: skip
     first, second = masks[:, 0] & ~masks[:, 1], masks[:, 1] & ~masks[:, 0]

@@ -22,7 +22,7 @@ def trained() -> tuple[ViTClassifier, TwoCircles]:
     data.setup("test")
     model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, preset="micro", patch_size=8)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    images, labels = data.splits["train"].tensors
+    images, labels = data.splits["train"].images, data.splits["train"].labels
     losses = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: thread hand-offs cost more than they save

@@ -88,3 +88,16 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wb") as f:
         f.write(header + array.astype(np.uint8).tobytes())
+
+
+def command_error(command, args, capsys) -> tuple[int, str]:
+    """Run a command's `main(args)` that must fail; its exit status and the one line it printed
+    to stderr (checked to be one line starting with `error: `)."""
+    import pytest
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        command([str(a) for a in args])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: "), lines
+    return exit_info.value.code, lines[-1]

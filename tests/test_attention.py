@@ -21,8 +21,8 @@ from vit.attention import (
     pos_embed_similarity,
     query_attention_maps,
 )
-from vit.data import circle_patch_masks
 from vit.model import build_vit
+from vit.two_circles import circle_patch_masks
 
 
 def tiny_vit(image_size=(16, 24), channels=1, **kwargs):
@@ -141,8 +141,7 @@ def reference_gradient_rollout(model, images, target):
 def test_gradient_rollout_follows_chefer_and_differs_between_classes(trained):
     classifier, datamodule = trained
     model = classifier.model
-    images, labels = datamodule.splits["test"].tensors
-    images = images[:16]
+    images = datamodule.splits["test"].images[:16]
     by_class = [gradient_rollout(model, images, targets=c, batch_size=5) for c in range(2)]
     for c, relevance in enumerate(by_class):
         torch.testing.assert_close(

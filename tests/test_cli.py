@@ -11,12 +11,13 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import ROOT, run_train, tiny_args
+from helpers import ROOT, command_error, run_train, tiny_args
 
-from vit import CNNClassifier, TwoCircles, ViTClassifier, cli
+from vit import CNNClassifier, TwoCircles, ViTClassifier
 from vit.checkpoint import load_checkpoint
-from vit.evaluate import evaluate
-from vit.visualize import attention
+from vit.commands import train as cli
+from vit.commands.attention import attention
+from vit.commands.eval import evaluate
 
 
 def metrics(run: Path) -> list[dict]:
@@ -61,11 +62,12 @@ def test_fit_test_predict_and_attention(runs, capsys):
     other = torch.load(best, weights_only=True)
     other["state_dict"]["model.stem.weight"] = torch.zeros(3)
     torch.save(other, runs / "other.ckpt")
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["test", *tiny_args(runs), "--ckpt_path", str(runs / "other.ckpt")])
-    message = exit_info.value.code
+    status, message = command_error(
+        cli.main, ["test", *tiny_args(runs), "--ckpt_path", runs / "other.ckpt"], capsys
+    )
+    assert status == 1
     assert message.startswith("error: the checkpoint does not fit the model built from it and the data")
-    assert '"model.stem.weight"' in message and "\n" not in message
+    assert '"model.stem.weight"' in message
 
     # the checkpoint alone rebuilds the model and the data module
     model, datamodule = load_checkpoint(best)
@@ -200,29 +202,30 @@ def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "extra, message, status",
     [
-        (["fit", "--model.prest", "mini"], "model (vit.ViTClassifier): Option 'prest' is not accepted"),
-        (["fit", "--nodel.preset", "mini"], "unrecognized arguments: --nodel.preset"),
-        (["fit", "--model.lr", "fast"], 'model (vit.ViTClassifier): Parser key "lr": Expected a'),
-        (["fit", "--model.lr", "-1"], "lr=-1.0 must be positive"),
-        (["fit", "--model.preset", "huge"], "unknown preset 'huge'"),
-        (["fit", "--model.patch_size", "5"], "not divisible by patch size 5"),
-        (["fit", "--data.init_args.batch_size", "0"], "batch_size=0 must be at least 1"),
-        (["fit", "--trainer.max_epochs", "-1"], "max_epochs=-1 needs max_steps"),
-        (["fit", "--ckpt_path", "missing.ckpt"], "checkpoint not found: missing.ckpt"),
-        (["test", "--ckpt_path", "best"], "--ckpt_path best only means something"),
-        (["test", "--ckpt_path", "last"], "--ckpt_path last: no checkpoint matches"),
+        (["fit", "--model.prest", "mini"], "model (vit.ViTClassifier): Option 'prest' is not accepted", 2),
+        (["fit", "--nodel.preset", "mini"], "unrecognized arguments: --nodel.preset", 2),
+        (["fit", "--model.lr", "fast"], 'model (vit.ViTClassifier): Parser key "lr": Expected a', 2),
+        (["fit", "--model.lr", "-1"], "lr=-1.0 must be positive", 2),
+        (["fit", "--model.preset", "huge"], "unknown preset 'huge'", 2),
+        (["fit", "--model.patch_size", "5"], "not divisible by patch size 5", 2),
+        (["fit", "--data.init_args.batch_size", "0"], "batch_size=0 must be at least 1", 2),
+        (["fit", "--trainer.max_epochs", "-1"], "max_epochs=-1 needs max_steps", 2),
+        (["fit", "--ckpt_path", "missing.ckpt"], "checkpoint not found: missing.ckpt", 1),
+        (["test", "--ckpt_path", "best"], "--ckpt_path best only means something", 2),
+        (["test", "--ckpt_path", "last"], "--ckpt_path last: no checkpoint matches", 1),
         (
             ["fit", "--checkpoint.every_n_train_steps", "5", "--checkpoint.every_n_epochs", "1"],
             "mutually exclusive",
+            2,
         ),
     ],
 )
-def test_bad_input_is_one_line_error_and_leaves_nothing(runs, tmp_path, extra, message):
+def test_bad_input_is_one_line_error_and_leaves_nothing(runs, tmp_path, extra, message, status):
     subcommand, *options = extra
     result = run_train(subcommand, *tiny_args(runs), *options, cwd=tmp_path)
-    assert result.returncode != 0
+    assert result.returncode == status
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert errors[-1].startswith("error: ") and message in errors[-1], result.stderr
     assert "Traceback" not in result.stderr and "usage:" not in result.stderr
@@ -230,10 +233,17 @@ def test_bad_input_is_one_line_error_and_leaves_nothing(runs, tmp_path, extra, m
 
 
 def test_attention_cli_errors_are_one_line(tmp_path):
-    command = ["-m", "vit.visualize", "--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "o")]
+    command = [
+        "-m",
+        "vit.commands.attention",
+        "--ckpt",
+        str(tmp_path / "nope.ckpt"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
     result = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=ROOT)
     assert (
-        result.returncode != 0
+        result.returncode == 1
         and result.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'nope.ckpt'}"
     )
     assert not (tmp_path / "o").exists()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vit.data import ORIENTATIONS, TwoCircles, make_two_circles, torus_delta
+from vit.two_circles import ORIENTATIONS, TwoCircles, make_two_circles, torus_delta
 
 
 def homogeneity_p_value(counts: torch.Tensor) -> float:
@@ -86,7 +86,7 @@ def test_distractors_do_not_depend_on_the_class():
 def test_out_of_distribution_splits():
     dm = TwoCircles(num_train=2000, num_test=500, holdout_midpoints=True)
     for name in ("train", "far", "held_out"):
-        dm._split(name)
+        dm.split(name)
     distance = {k: torus_delta(c[:, 0], c[:, 1], 32.0).norm(dim=1) for k, c in dm.centres.items()}
     assert distance["train"].min() >= 7 and distance["train"].max() <= 11
     assert distance["far"].min() >= 11 and distance["far"].max() <= 15
@@ -104,16 +104,16 @@ def test_deterministic_by_seed_and_splits_differ():
         dm.setup("fit")
         dm.setup("test")
     for split in ("train", "val", "test"):
-        assert torch.equal(a.splits[split].tensors[0], b.splits[split].tensors[0])
-        assert not torch.equal(a.splits[split].tensors[0], c.splits[split].tensors[0])
-    assert not torch.equal(a.splits["val"].tensors[0], a.splits["test"].tensors[0])
+        assert torch.equal(a.splits[split].images, b.splits[split].images)
+        assert not torch.equal(a.splits[split].images, c.splits[split].images)
+    assert not torch.equal(a.splits["val"].images, a.splits["test"].images)
 
 
 def test_test_split_does_not_depend_on_train_size():
     small, large = TwoCircles(num_train=64, num_test=32), TwoCircles(num_train=128, num_test=32)
     small.setup("test")
     large.setup("test")
-    assert torch.equal(small.splits["test"].tensors[0], large.splits["test"].tensors[0])
+    assert torch.equal(small.splits["test"].images, large.splits["test"].images)
 
 
 def test_test_split_choice():

@@ -7,12 +7,13 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from helpers import command_error
 from PIL import Image
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 from vit import CNNClassifier, TwoCircles
 from vit.checkpoint import load_checkpoint
-from vit.evaluate import (
+from vit.commands.eval import (
     classification_metrics,
     collect_probabilities,
     evaluate,
@@ -22,6 +23,8 @@ from vit.evaluate import (
     predict_probabilities,
     reliability_bins,
 )
+from vit.datamodules import InMemory
+from vit.preparation import prepare
 
 PNG = b"\x89PNG"
 
@@ -51,7 +54,7 @@ def test_eval_writes_its_files_and_measures_what_lightning_test_measures(
     [logged] = trainer.test(classifier, datamodule=datamodule, verbose=False)
     assert metrics["top1"] == pytest.approx(logged["test/acc"], abs=1e-6)
 
-    labels = datamodule.splits["test"].tensors[1]
+    labels = datamodule.splits["test"].labels
     confusion = torch.tensor(metrics["confusion_matrix"])
     images = [row["images"] for row in metrics["per_class"].values()]
     assert confusion.sum(dim=1).tolist() == images == torch.bincount(labels, minlength=4).tolist()
@@ -99,7 +102,7 @@ def test_top5_is_reported_beyond_five_classes():
 
 def test_flip_averaging_leaves_a_mirror_symmetric_image_alone(trained):
     model, data = trained
-    images = data.splits["test"].tensors[0][:8]
+    images = data.splits["test"].images[:8]
     symmetric = (images + images.flip(-1)) / 2
     torch.testing.assert_close(
         predict_probabilities(model, symmetric, tta=True), predict_probabilities(model, symmetric)
@@ -153,24 +156,18 @@ def test_validation_split_and_a_cnn_checkpoint(tmp_path, capsys):
 
 
 class Uint8TwoCircles(TwoCircles):
-    """Keeps bytes in the loader and makes floats on the device, as image data modules may."""
+    """Holds its test split as bytes, as image data modules do; `split` gives floats."""
 
-    def test_dataloader(self):
-        images, labels = self._split(self.test_name).tensors
-        quantised = torch.utils.data.TensorDataset((images * 255).round().to(torch.uint8), labels)
-        return torch.utils.data.DataLoader(quantised, batch_size=self.hparams.batch_size)
-
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        images, labels = batch
-        assert not self.trainer.training
-        return images.float() / 255, labels
+    def split(self, name):
+        split = super().split(name)
+        return InMemory((split.images * 255).round().to(torch.uint8), split.labels)
 
 
-def test_the_data_modules_batch_hook_applies(trained):
+def test_a_split_of_bytes_is_measured_as_the_model_sees_it(trained):
     model, _ = trained
     data = Uint8TwoCircles(num_train=8, num_val=8, num_test=40, batch_size=16)
     probabilities, labels = collect_probabilities(model, data, progress=False)
-    images, expected_labels = data.splits["test"].tensors
+    images, expected_labels = data.splits["test"].images, data.splits["test"].labels
     expected = predict_probabilities(model, (images * 255).round() / 255)
     torch.testing.assert_close(probabilities, expected)
     assert torch.equal(labels, expected_labels)
@@ -201,16 +198,16 @@ def test_predict_on_files_of_any_size_and_mode(trained_checkpoint, trained, tmp_
 
 def test_preprocess_gives_what_the_model_sees(trained):
     _, data = trained
-    images = data.splits["test"].tensors[0][:3]  # (3, 1, 32, 32) in [0, 1]
+    images = data.splits["test"].images[:3]  # (3, 1, 32, 32) in [0, 1]
     pictures = [Image.fromarray((x[0] * 255).round().to(torch.uint8).numpy()) for x in images]
-    prepared = data.preprocess(pictures)
+    prepared = prepare(pictures, data.preparation)
     assert prepared.dtype == torch.float32 and prepared.shape == (3, 1, 32, 32)
     assert (prepared - images).abs().max() <= 0.5 / 255 + 1e-6
-    big = data.preprocess([pictures[0].resize((96, 96)).convert("RGB")])
+    big = prepare([pictures[0].resize((96, 96)).convert("RGB")], data.preparation)
     assert big.shape == (1, 1, 32, 32) and 0 <= big.min() and big.max() <= 1
 
 
-def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
+def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path, capsys):
     marker = tmp_path / "marker"
 
     class Payload:
@@ -222,9 +219,8 @@ def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
     picture = tmp_path / "a.png"
     Image.new("L", (8, 8)).save(picture)
     for args in (["--ckpt", evil, "--out", tmp_path / "out"], ["predict", "--ckpt", evil, picture]):
-        with pytest.raises(SystemExit) as exit:
-            run(*args)
-        assert exit.value.code == (
+        status, message = command_error(main, args, capsys)
+        assert status == 1 and message == (
             f"error: refusing {evil}: it is not a plain-tensor checkpoint "
             f"(Unsupported global: GLOBAL {open.__module__}.open)"
         )
@@ -234,29 +230,33 @@ def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "options, message",
+    "options, message, status",
     [
-        (["--ckpt", "{tmp}/nope.ckpt"], "error: checkpoint not found: {tmp}/nope.ckpt"),
-        (["--data", "colour=red"], "error: TwoCircles has no option colour; it has image_size, radius,"),
-        (["--data", "test_split"], "error: --data 'test_split' is not KEY=VALUE"),
-        (["--data", "test_split=sideways"], "error: unknown test_split 'sideways'"),
-        (["--data", "separation=5"], "with {'separation': 5}: cannot unpack"),
-        (["--split", "train"], "error: argument --split: invalid choice: 'train'"),
-        (["--batch-size", "0"], "error: batch_size=0 must be at least 1"),
-        (["--out", "{tmp}/file.txt"], "error: --out {tmp}/file.txt is a file, not a folder"),
-        (["predict", "{tmp}/missing.png"], "error: image not found: {tmp}/missing.png"),
+        (["--ckpt", "{tmp}/nope.ckpt"], "error: checkpoint not found: {tmp}/nope.ckpt", 1),
+        (["--data", "colour=red"], "error: TwoCircles has no option colour; it has image_size, radius,", 1),
+        (["--data", "test_split"], "error: --data 'test_split' is not KEY=VALUE", 2),
+        (["--data", "test_split=sideways"], "error: unknown test_split 'sideways'", 2),
+        (["--data", "separation=5"], "with {'separation': 5}: cannot unpack", 1),
+        (["--split", "train"], "error: argument --split: invalid choice: 'train'", 2),
+        (["--batch-size", "0"], "error: batch_size=0 must be at least 1", 2),
+        (["--out", "{tmp}/file.txt"], "error: --out {tmp}/file.txt is a file, not a folder", 2),
+        (["predict", "{tmp}/missing.png"], "error: image not found: {tmp}/missing.png", 1),
         (
             ["predict", "{tmp}/file.txt"],
             "error: cannot read image {tmp}/file.txt: cannot identify image file",
+            1,
         ),
         (
             ["predict", "{tmp}/file.txt", "--top-k", "0"],
             "error: top_k=0 and batch_size=64 must be at least 1",
+            2,
         ),
-        (["predict"], "error: the following arguments are required: images"),
+        (["predict"], "error: the following arguments are required: images", 2),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, capsys, options, message):
+def test_bad_input_is_one_line_and_writes_nothing(
+    trained_checkpoint, tmp_path, capsys, options, message, status
+):
     (tmp_path / "file.txt").write_text("not an image")
     options = [o.replace("{tmp}", str(tmp_path)) for o in options]
     predicting = options[0] == "predict"
@@ -266,27 +266,28 @@ def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, 
         else ["--ckpt", trained_checkpoint]
     )
     args += [] if predicting else [*options, *([] if "--out" in options else ["--out", tmp_path / "out"])]
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exit:
         run(*args)
-    assert isinstance(exit.value.code, str) and "\n" not in exit.value.code
-    assert message.replace("{tmp}", str(tmp_path)) in exit.value.code
-    assert not (tmp_path / "out").exists() and capsys.readouterr().out == ""
+    output = capsys.readouterr()
+    assert exit.value.code == status and output.out == "" and output.err.count("\n") == 1
+    assert message.replace("{tmp}", str(tmp_path)) in output.err
+    assert not (tmp_path / "out").exists()
 
 
-def test_a_checkpoint_without_a_data_module(trained, tmp_path):
+def test_a_checkpoint_without_a_data_module(trained, tmp_path, capsys):
     model, _ = trained
     path = tmp_path / "bare.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
-    with pytest.raises(SystemExit, match="names no data module to evaluate on"):
-        run("--ckpt", path)
-    with pytest.raises(SystemExit, match="names no data module, so there is none to change"):
-        run("--ckpt", path, "--data", "seed=1")
+    assert "names no data module to evaluate on" in command_error(main, ["--ckpt", path], capsys)[1]
+    _, message = command_error(main, ["--ckpt", path, "--data", "seed=1"], capsys)
+    assert "names no data module, so there is none to change" in message
 
 
-def test_a_checkpoint_from_another_version_is_one_line(trained, tmp_path):
+def test_a_checkpoint_from_another_version_is_one_line(trained, tmp_path, capsys):
     """A model option or weight this version does not know is named in one line, by vit-eval and
     by vit-attention, and nothing is written."""
-    from vit.visualize import main as attention_main
+    from vit.commands.attention import main as attention_main
 
     model, _ = trained
     hparams, weights = dict(model.hparams), model.state_dict()
@@ -299,8 +300,6 @@ def test_a_checkpoint_from_another_version_is_one_line(trained, tmp_path):
         path = tmp_path / f"{name}.ckpt"
         torch.save(checkpoint, path)
         for command in (main, attention_main):
-            with pytest.raises(SystemExit) as exit_info:
-                command(["--ckpt", str(path), "--out", str(tmp_path / "out")])
-            assert "written by another version of vit?" in exit_info.value.code
-            assert message in exit_info.value.code and "\n" not in exit_info.value.code
+            status, error = command_error(command, ["--ckpt", path, "--out", tmp_path / "out"], capsys)
+            assert status == 1 and "written by another version of vit?" in error and message in error
             assert not (tmp_path / "out").exists()

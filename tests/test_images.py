@@ -15,24 +15,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from helpers import make_folders, run_train, write_idx, write_image
+from helpers import command_error, make_folders, run_train, write_idx, write_image
 from PIL import Image
 
-from vit import ViTClassifier, cli, images
-from vit.checkpoint import load_checkpoint
-from vit.data import TwoCircles
-from vit.evaluate import evaluate, predict
-from vit.images import (
+import vit.cache
+import vit.decode
+from vit import ViTClassifier
+from vit.checkpoint import load_checkpoint, load_model
+from vit.commands import train as cli
+from vit.commands.attention import attention
+from vit.commands.eval import evaluate, predict
+from vit.datamodules import (
     CIFAR10,
     CIFAR10_CLASSES,
-    DataError,
-    DataNotFoundError,
     FashionMNIST,
     ImageFolders,
     holdout,
     random_crop_flip,
 )
-from vit.visualize import attention
+from vit.errors import DataError, DataNotFoundError
+from vit.preparation import Preparation, prepare
+from vit.two_circles import TwoCircles
 
 
 def test_image_folders_classes_shapes_and_dtypes(tmp_path):
@@ -40,7 +43,7 @@ def test_image_folders_classes_shapes_and_dtypes(tmp_path):
     assert data.classes == ["ant", "bee", "cat"] and data.num_classes == 3
     assert data.image_size == 12 and data.in_channels == 3
     data.setup("fit")
-    train, labels = data.split("train")
+    train, labels = data.split("train").images, data.split("train").labels
     assert train.shape == (15, 3, 12, 12) and train.dtype == torch.uint8 and labels.dtype == torch.int64
     # every mode became a flat gray image whose level tells its label
     flat = train.flatten(1)
@@ -74,7 +77,7 @@ def test_validation_is_held_out_disjoint_and_seeded(tmp_path):
     def values(seed):
         data = ImageFolders(str(tmp_path), image_size=4, val_size=0.25, seed=seed)
         data.setup("fit")
-        train, val = (set(data.split(s)[0][:, 0, 0, 0].tolist()) for s in ("train", "val"))
+        train, val = (set(data.split(s).images[:, 0, 0, 0].tolist()) for s in ("train", "val"))
         return train, val
 
     train, val = values(0)
@@ -91,22 +94,24 @@ def test_val_folder_is_used_and_test_split_is_separate(tmp_path):
     make_folders(tmp_path, per_class={"train": 3, "val": 1, "test": 2})
     data = ImageFolders(str(tmp_path), image_size=4, val_size=0.5)
     data.setup("fit")
-    assert len(data.split("train")[1]) == 9 and len(data.split("val")[1]) == 3  # val_size unused
+    assert len(data.split("train").labels) == 9 and len(data.split("val").labels) == 3  # val_size unused
     assert "test" not in data.splits
     data.setup("test")
-    assert (data.split("test")[0] > 100).all() and (data.split("train")[0] < 100).all()
+    assert (data.split("test").images > 100).all() and (data.split("train").images < 100).all()
 
 
 def test_cache_is_written_reused_and_rebuilt(tmp_path, monkeypatch):
     make_folders(tmp_path)
-    decode = images.decode_images
+    decode = vit.decode.decode_images
     calls = []
-    monkeypatch.setattr(images, "decode_images", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    monkeypatch.setattr(vit.decode, "decode_images", lambda *a, **k: calls.append(1) or decode(*a, **k))
 
     def train_values():
         data = ImageFolders(str(tmp_path), image_size=4, val_size=2)
         data.setup("fit")
-        return sorted(data.split("train")[0][:, 0, 0, 0].tolist() + data.split("val")[0][:, 0, 0, 0].tolist())
+        return sorted(
+            data.split("train").images[:, 0, 0, 0].tolist() + data.split("val").images[:, 0, 0, 0].tolist()
+        )
 
     first = train_values()
     cache = tmp_path / ".vit-cache" / "train-4x4-RGB.pt"
@@ -120,9 +125,24 @@ def test_cache_is_written_reused_and_rebuilt(tmp_path, monkeypatch):
     assert len(calls) == 3 and 99 in changed and 1 not in changed
 
 
+def test_a_corrupt_cache_is_rebuilt_with_a_warning(tmp_path, capsys):
+    make_folders(tmp_path)
+    ImageFolders(str(tmp_path), image_size=4, val_size=2).setup("fit")
+    cache = tmp_path / ".vit-cache" / "train-4x4-RGB.pt"
+    good = cache.read_bytes()
+    cache.write_bytes(good[: len(good) // 2])  # cut short, as by a full disk
+    capsys.readouterr()
+    data = ImageFolders(str(tmp_path), image_size=4, val_size=2)
+    data.setup("fit")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"the cache file {cache} cannot be read" in warnings[0]
+    assert len(data.split("train")) + len(data.split("val")) == 18
+    torch.load(cache, weights_only=True)  # rewritten whole
+
+
 def test_read_only_data_folder_caches_in_the_user_folder(tmp_path, monkeypatch):
     root = make_folders(tmp_path / "data")
-    monkeypatch.setattr(images, "USER_CACHE", tmp_path / "user-cache")
+    monkeypatch.setattr(vit.cache, "USER_CACHE", tmp_path / "user-cache")
     os.chmod(root, 0o555)  # no write bits: left alone, even by root
     try:
         ImageFolders(str(root), image_size=4, val_size=2).setup("fit")
@@ -141,7 +161,7 @@ def test_bad_file_stops_with_its_name_or_is_skipped_and_counted(tmp_path, capsys
 
     data = ImageFolders(str(tmp_path), image_size=4, val_size=2, on_bad_file="skip")
     data.setup("fit")
-    assert len(data.split("train")[1]) + len(data.split("val")[1]) == 17
+    assert len(data.split("train").labels) + len(data.split("val").labels) == 17
     assert "skipped 1 unreadable files" in capsys.readouterr().err
     # the cache remembers the skipped file: still an error without skip
     with pytest.raises(DataError, match="cannot read image .*03.png"):
@@ -175,7 +195,7 @@ def test_cifar10_reads_image_folders_and_checks_class_names(tmp_path):
         32,
         3,
     )
-    assert len(data.split("train")[1]) == 16 and len(data.split("test")[1]) == 11
+    assert len(data.split("train").labels) == 16 and len(data.split("test").labels) == 11
     make_folders(tmp_path / "other", classes=("ant", "bee"))
     with pytest.raises(DataError, match="missing .*'airplane'"):
         CIFAR10(str(tmp_path / "other"))
@@ -200,10 +220,10 @@ def test_cifar10_reads_torchvision_layout_and_explains_a_failed_download(tmp_pat
     data = CIFAR10(str(tmp_path / "tv"), val_size=2)
     data.setup("fit")
     data.setup("test")
-    train, labels = data.split("train")
+    train = data.split("train").images
     assert train.shape == (8, 3, 32, 32) and train.dtype == torch.uint8
-    assert torch.equal(data.split("test")[0][:, 0, 0, 0], torch.tensor([50, 51], dtype=torch.uint8))
-    assert torch.equal(data.split("test")[1], torch.tensor([5, 6]))
+    assert torch.equal(data.split("test").images[:, 0, 0, 0], torch.tensor([50, 51], dtype=torch.uint8))
+    assert torch.equal(data.split("test").labels, torch.tensor([5, 6]))
 
     def offline(self):
         raise urllib.error.URLError("Name or service not known")
@@ -225,7 +245,7 @@ def test_fashion_mnist_reads_idx_files(tmp_path, layout):
     assert (data.num_classes, data.image_size, data.in_channels) == (10, 28, 1)
     data.setup("fit")
     data.setup("test")
-    assert data.split("train")[0].shape == (10, 1, 28, 28) and len(data.split("val")[1]) == 2
+    assert data.split("train").images.shape == (10, 1, 28, 28) and len(data.split("val").labels) == 2
     x, y = next(iter(data.test_dataloader()))
     assert x.shape == (4, 1, 28, 28) and torch.equal(y, torch.arange(4))
     assert x[1, 0, 0, 0] == (28 * 28 % 251) / 255
@@ -237,7 +257,7 @@ def test_fashion_mnist_reads_idx_files(tmp_path, layout):
     assert x32[:, :, :2].abs().sum() == 0  # black border
     # preprocess of the same pictures as PIL images gives what the test loader gives
     pictures = [Image.fromarray((image[0] * 255).round().byte().numpy()) for image in x]
-    assert torch.equal(padded.preprocess(pictures), x32)
+    assert torch.equal(prepare(pictures, padded.preparation), x32)
 
     (folder / "t10k-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(DataNotFoundError, match="dataset-fashion-mnist"):
@@ -251,8 +271,8 @@ def test_preprocess_matches_the_test_loader(tmp_path):
     data.setup("test")
     x, _ = next(iter(data.test_dataloader()))
     files = sorted((root / "test").glob("*/*"))  # the loader's order: by class, then name
-    assert torch.equal(data.preprocess([Image.open(f) for f in files]), x)
-    circles = TwoCircles().preprocess([Image.new("RGB", (40, 30), "white")])
+    assert torch.equal(prepare([Image.open(f) for f in files], data.preparation), x)
+    circles = prepare([Image.new("RGB", (40, 30), "white")], TwoCircles().preparation)
     assert circles.shape == (1, 1, 32, 32) and circles.dtype == torch.float32 and circles.min() == 1
 
 
@@ -331,7 +351,7 @@ def train_args(root: Path, runs: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path, runs):
+def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path, runs, capsys):
     root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
     cli.main(train_args(root, runs, "--data.mixup_alpha", "0.2"))
     run = runs / "folders" / "version_0"
@@ -352,15 +372,17 @@ def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path,
     # a file that turns out unreadable while fitting: one line naming it, from the command too
     bad = root / "train" / "cat" / "bad.png"
     bad.write_text("oops")
-    with pytest.raises(SystemExit, match=f"^error: cannot read image {re.escape(str(bad))}"):
-        cli.main(train_args(root, runs))
+    status, message = command_error(cli.main, train_args(root, runs), capsys)
+    assert status == 1 and message.startswith(f"error: cannot read image {bad}")
     result = run_train(*train_args(tmp_path / "missing", runs), cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert errors[-1].startswith(f"error: image folder not found: {tmp_path / 'missing' / 'train'}")
 
 
-def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(tmp_path, runs, capsys):
+def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(
+    tmp_path, runs, capsys, monkeypatch
+):
     """Checkpoints record the class names, so `vit-eval predict` and `vit-attention --images` work
     on a machine without the training folders; evaluating a split there is a one-line error."""
     root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
@@ -375,18 +397,29 @@ def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(tm
     # the rebuilt data module prepares images as training did: cropped, not stretched
     wide = Image.new("RGB", (60, 20), (0, 0, 255))
     wide.paste((255, 0, 0), (20, 0, 40, 20))
-    _, data = load_checkpoint(ckpt, need_data=False)
-    assert torch.equal(data.preprocess([wide])[0], images.to_pixels(wide, "RGB", 16, crop=True) / 255)
-    assert not torch.equal(data.preprocess([wide])[0], images.to_pixels(wide, "RGB", 16) / 255)
+    _, preparation = load_model(ckpt)
+    assert preparation == Preparation(3, 16, "center_crop", classes=("ant", "bee", "cat"))
+    crop, stretch = Preparation(3, 16, "center_crop"), Preparation(3, 16)
+    assert torch.equal(prepare([wide], preparation)[0], crop.pixels(wide) / 255)
+    assert not torch.equal(prepare([wide], preparation)[0], stretch.pixels(wide) / 255)
 
-    [result] = predict(ckpt, [picture], top_k=2)
-    assert result["top_k"][0]["class"] in {"ant", "bee", "cat"} and len(result["top_k"]) == 2
-    written = attention(ckpt=ckpt, images=[picture], out=tmp_path / "maps", layer=-1)
-    assert {png.name for png in written} == {"cls.png", "cls_000_photo.png"}
+    # image files need the checkpoint alone: no data module is built
+    def refuse(*args, **kwargs):
+        raise AssertionError("a data module was built")
+
+    with monkeypatch.context() as patch:
+        for cls in (TwoCircles, CIFAR10, ImageFolders, FashionMNIST):
+            patch.setattr(cls, "__init__", refuse)
+        [result] = predict(ckpt, [picture], top_k=2)
+        assert result["top_k"][0]["class"] in {"ant", "bee", "cat"} and len(result["top_k"]) == 2
+        written = attention(ckpt=ckpt, images=[picture], out=tmp_path / "maps", layer=-1)
+        assert {png.name for png in written} == {"cls.png", "cls_000_photo.png"}
+        with pytest.raises(AssertionError, match="a data module was built"):
+            evaluate(ckpt, progress=False)  # evaluating needs the data (the refusal shows it tried)
     with pytest.raises(DataNotFoundError, match="image folder not found"):
         evaluate(ckpt, progress=False)
     with pytest.raises(DataNotFoundError, match="image folder not found"):
-        load_checkpoint(ckpt)  # the data is needed unless the caller says otherwise
+        load_checkpoint(ckpt)  # the data module needs its data
 
     # another folder with other classes cannot stand in for the recorded ones
     other = make_folders(tmp_path / "other", classes=["dog", "eel"], per_class={"train": 2, "test": 2})
@@ -394,16 +427,13 @@ def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(tm
         load_checkpoint(ckpt, data={"root": str(other)})
 
 
-def test_cifar10_and_fashion_mnist_build_without_files_only_when_allowed(tmp_path):
-    for cls in (CIFAR10, FashionMNIST):
+def test_cifar10_and_fashion_mnist_need_their_files_but_not_for_their_preparation(tmp_path):
+    for cls, size in ((CIFAR10, 32), (FashionMNIST, 28)):
         with pytest.raises(DataNotFoundError):
             cls(str(tmp_path / "nowhere"))
-        with images.files_optional():
-            data = cls(str(tmp_path / "nowhere"))
-        assert len(data.classes) == 10
-        assert data.preprocess([Image.new("RGB", (50, 40))]).shape[-2:] == (data.image_size,) * 2
-        with pytest.raises(DataNotFoundError):
-            data.setup("test")
+        preparation = cls.preparation_for({})  # what an older checkpoint of it says
+        assert len(preparation.classes) == 10
+        assert prepare([Image.new("RGB", (50, 40))], preparation).shape[-2:] == (size, size)
 
 
 def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
@@ -419,14 +449,14 @@ def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
 
     stretched = ImageFolders(str(root), image_size=8, val_size=2)
     cropped = ImageFolders(str(root), image_size=8, val_size=2, resize="center_crop")
-    (s_images, _), (c_images, _) = stretched.split("test"), cropped.split("test")
+    s_images, c_images = stretched.split("test").images, cropped.split("test").images
     # ant's third test file: the green centre (bilinear blends in a little of the neighbours at
     # the edges); stretched, blue on the left and red on the right
     assert torch.equal(c_images[2][:, :, 1:-1], green[:, :, 1:-1]) and (c_images[2][1] >= 224).all()
     assert s_images[2][2, :, 0].float().mean() > 200 and s_images[2][0, :, -1].float().mean() > 200
     assert torch.equal(s_images[:2], c_images[:2])  # flat images: the same either way
-    assert torch.equal(cropped.preprocess([wide]), c_images[2:3].float() / 255)
-    assert torch.equal(stretched.preprocess([wide]), s_images[2:3].float() / 255)
+    assert torch.equal(prepare([wide], cropped.preparation), c_images[2:3].float() / 255)
+    assert torch.equal(prepare([wide], stretched.preparation), s_images[2:3].float() / 255)
     assert cropped.hparams.resize == "center_crop"
     caches = sorted(p.name for p in (root / ".vit-cache").iterdir())
     assert caches == ["test-8x8-RGB-crop.pt", "test-8x8-RGB.pt"]

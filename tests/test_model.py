@@ -248,7 +248,7 @@ def test_init_choices():
     assert torch_init.blocks[0].mlp[0].weight.std().item() == pytest.approx((3 * fan_in) ** -0.5, rel=0.1)
     with pytest.raises(ValueError, match="init must be"):
         build_vit("mini", num_classes=3, init="xavier")
-    # the default is PyTorch's: it learned faster in every comparison we ran (README, "The model")
+    # the default is PyTorch's: it learned faster in every comparison we ran (docs/model.md)
     torch.manual_seed(1)
     default = build_vit("mini", num_classes=3, image_size=32)
     torch.manual_seed(1)

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 import torch
+from helpers import command_error
 from PIL import Image
 
 from vit import CNNClassifier
+from vit.commands.attention import attention, main, parser, spread_test_images
 from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
-from vit.visualize import attention, main, shell_style, spread_test_images
 
 PNG = b"\x89PNG"
 
@@ -102,21 +103,22 @@ def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path)
         (["--layer", "last"], 'Parser key "layer"'),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, options, message):
-    with pytest.raises(SystemExit) as exit:
-        run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", *options)
-    assert isinstance(exit.value.code, str) and exit.value.code.startswith("error: ")
-    assert message in exit.value.code and "\n" not in exit.value.code
+def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, capsys, options, message):
+    status, error = command_error(
+        main, ["--ckpt", trained_checkpoint, "--out", tmp_path / "out", *options], capsys
+    )
+    assert status == (1 if "not found" in message else 2) and message in error
     assert not (tmp_path / "out").exists()
 
 
-def test_shell_style_arguments():
-    assert shell_style(["--query-patch", "1,2", "--plots", "--images", "a.png", "b", "--layer", "-1"]) == [
-        "--query_patch", "[1,2]", "--plots", "true", "--images", '["a.png", "b"]', "--layer", "-1",
-    ]  # fmt: skip
-    assert shell_style(["--plots", "false", "--method", "grad-rollout"]) == [
-        "--plots", "false", "--method", "grad-rollout",
-    ]  # fmt: skip
+def test_shell_spellings_of_the_options():
+    """Dashes or underscores, a bare --plots, --images with several words, ROW,COLUMN."""
+    options = parser().parse_args(
+        ["--ckpt", "x", "--query-patch", "1,2", "--plots", "--images", "a.png", "b", "--layer", "-1",
+         "--num_images", "3", "--discard-ratio", "0.5"]
+    )  # fmt: skip
+    assert options.query_patch == (1, 2) and options.plots is True and options.images == ["a.png", "b"]
+    assert options.layer == -1 and options.num_images == 3 and options.discard_ratio == 0.5
 
 
 def test_overlay_colours_the_hot_patch_and_keeps_the_image_size():
@@ -163,7 +165,7 @@ def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp
 
 
 @pytest.mark.parametrize("small_data", [False, True])
-def test_a_non_square_model_without_a_data_module(tmp_path, small_data):
+def test_a_non_square_model_without_a_data_module(tmp_path, small_data, capsys):
     """The grid comes from the model: 16x24 images in 4-pixel patches make a 4x6 grid. With
     shifted patches (15 input channels to the patch projection) the images are still RGB."""
     from vit import ViTClassifier
@@ -198,8 +200,9 @@ def test_a_non_square_model_without_a_data_module(tmp_path, small_data):
         (["--images", picture, "--method", "query", "--query-patch", "3,6"], "outside the 4x6 patch grid"),
         ([], "names no data module to take test images from; give --images"),
     ):
-        with pytest.raises(SystemExit, match=message):
-            run("--ckpt", ckpt, "--out", tmp_path / "bad", *options)
+        assert (
+            message in command_error(main, ["--ckpt", ckpt, "--out", tmp_path / "bad", *options], capsys)[1]
+        )
     assert not (tmp_path / "bad").exists()
 
 
@@ -208,7 +211,8 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
     """Rollouts of a `pool: mean` model follow its patch tokens, and say so; `--method cls` notes
     that the class token does not feed its head. With `attn_window` the class token attends only
     to itself, so a class-token rollout would be blank there; the pooled one is not."""
-    from vit import ViTClassifier, visualize
+    from vit import ViTClassifier
+    from vit.commands import attention as command
 
     options = dict(pool="mean", attn_window=1) if pool == "mean" else {}
     model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", **options)
@@ -222,7 +226,7 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
         drawn.append((title, maps))
         return batch_figure(images, maps, *args, title=title, **kwargs)
 
-    monkeypatch.setattr(visualize, "batch_figure", batch_figure_spy)
+    monkeypatch.setattr(command, "batch_figure", batch_figure_spy)
     for method in ("rollout", "grad-rollout", "cls"):
         run("--ckpt", ckpt, "--images", picture, "--out", tmp_path / method, "--method", method)
     token = {"mean": "mean-pooled-token", "cls": "class-token"}[pool]
@@ -239,7 +243,7 @@ def test_test_images_are_spread_over_the_split(tmp_path, trained):
     (here one per class), with their indices, not the first few (all of the first class)."""
     from helpers import make_folders
 
-    from vit.images import ImageFolders
+    from vit.datamodules import ImageFolders, InMemory
 
     root = make_folders(tmp_path, per_class={"train": 2, "test": 3})
     data = ImageFolders(str(root), image_size=8, val_size=1)
@@ -253,11 +257,8 @@ def test_test_images_are_spread_over_the_split(tmp_path, trained):
     assert indices == list(range(len(two_circles.test_dataloader().dataset)))
 
     class Empty:  # a data module whose test split has no images
-        def setup(self, stage):
-            pass
-
-        def test_dataloader(self):
-            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(0, 3, 8, 8)))
+        def split(self, name):
+            return InMemory(torch.zeros(0, 3, 8, 8), torch.zeros(0, dtype=torch.long))
 
     with pytest.raises(ValueError, match="test split is empty"):
         spread_test_images(Empty(), 3)
@@ -278,25 +279,23 @@ def test_image_files_are_prepared_as_the_data_module_prepares_its_test_images(tm
     given to vit-attention must be padded the same way, not stretched to 32x32."""
     from helpers import write_idx
 
-    from vit import ViTClassifier
-    from vit.images import FashionMNIST
-    from vit.visualize import load_images
+    from vit.datamodules import FashionMNIST
+    from vit.preparation import read_images
 
     for prefix, n in (("train", 4), ("t10k", 2)):
         write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", np.zeros((n, 28, 28)))
         write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n))
     data = FashionMNIST(str(tmp_path), image_size=32, val_size=1)
-    model = ViTClassifier(num_classes=10, image_size=32, in_channels=1, preset="micro", patch_size=8).model
     picture = np.random.default_rng(0).integers(1, 255, (28, 28), dtype=np.uint8)
     Image.fromarray(picture).save(tmp_path / "shirt.png")
-    batch = load_images([tmp_path / "shirt.png"], model, data)
+    batch = read_images([tmp_path / "shirt.png"], data.preparation)
     assert batch.shape == (1, 1, 32, 32)
     assert torch.equal(batch[0, 0, 2:30, 2:30], torch.from_numpy(picture).float() / 255)
     assert batch[0, 0, :2].abs().sum() == 0  # the black border, as in training
 
 
 def test_file_tags_are_safe_parts_of_file_names():
-    from vit.visualize import file_tag
+    from vit.commands.attention import file_tag
 
     assert file_tag("cat") == "cat"
     assert file_tag("my photo (1)/ü") == "my_photo__1___"

@@ -1,9 +1,10 @@
 """vit: a Vision Transformer written from scratch, trained with Lightning."""
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
-from vit.data import TwoCircles
-from vit.images import CIFAR10, FashionMNIST, ImageFolders
+from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.model import PRESETS, ViT, build_vit
+from vit.preparation import Preparation
+from vit.two_circles import TwoCircles
 
 __all__ = [
     "CIFAR10",
@@ -12,6 +13,7 @@ __all__ = [
     "CNNClassifier",
     "FashionMNIST",
     "ImageFolders",
+    "Preparation",
     "TwoCircles",
     "ViT",
     "ViTClassifier",

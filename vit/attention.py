@@ -9,6 +9,9 @@
   Interpreting Bi-Modal and Encoder-Decoder Transformers" (gradient-weighted attention, R += A R).
 - `mean_attention_distance`, `pos_embed_similarity`, `embedding_filter_components`: the three
   panels of Figure 7 of the ViT paper (Dosovitskiy et al. 2021).
+- `explain`: any of the methods (class token, one patch, rollout, gradient rollout) for a batch
+  of images: the maps to draw, their titles and the predictions. vit-attention draws what it
+  returns.
 
 The number of prefix tokens and the patch grid are read from the model, so non-square images
 and other token layouts work.
@@ -18,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from vit.errors import UsageError
 from vit.model import ShiftedPatches, ViT
 
 # How `attention_rollout` fuses the heads of one layer.
@@ -40,7 +45,7 @@ def _resolve(index: int | Sequence[int] | None, size: int, what: str) -> list[in
     indices = [index] if isinstance(index, int) else list(index)
     for i in indices:
         if not -size <= i < size:
-            raise ValueError(f"{what}={i} is out of range for a model with {size} {what}s")
+            raise UsageError(f"{what}={i} is out of range for a model with {size} {what}s")
     return [i % size for i in indices]
 
 
@@ -97,7 +102,7 @@ def _device(model: ViT) -> torch.device:
 def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):
     """(weights of the chosen layers and heads, logits) for each chunk of `batch_size` images."""
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be at least 1")
+        raise UsageError(f"batch_size={batch_size} must be at least 1")
     layers, heads = select_layers(model, layers), select_heads(model, heads)
     device = _device(model)
     for chunk in images.split(batch_size):
@@ -171,7 +176,7 @@ def patch_token(model: ViT, patch: tuple[int, int]) -> int:
     """Token index of the patch at (row, column) of the grid."""
     (row, col), (grid_h, grid_w) = patch, model.grid_size
     if not (0 <= row < grid_h and 0 <= col < grid_w):
-        raise ValueError(f"patch ({row}, {col}) is outside the {grid_h}x{grid_w} patch grid")
+        raise UsageError(f"patch ({row}, {col}) is outside the {grid_h}x{grid_w} patch grid")
     return model.num_prefix_tokens + row * grid_w + col
 
 
@@ -189,7 +194,7 @@ def discard_lowest(fused: torch.Tensor, ratio: float, num_prefix_tokens: int = 1
     """Zero the lowest `ratio` of each row's weights to patch keys; weights to prefix-token keys
     (the class-token column, including the class token's attention to itself) are never dropped."""
     if not 0.0 <= ratio < 1.0:
-        raise ValueError(f"discard_ratio={ratio} must lie in [0, 1)")
+        raise UsageError(f"discard_ratio={ratio} must lie in [0, 1)")
     patches = fused[..., num_prefix_tokens:]
     k = int(patches.shape[-1] * ratio)
     if k == 0:
@@ -211,7 +216,7 @@ def attention_rollout(
     each input token.
     """
     if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
     tokens = weights.shape[-1]
     eye = torch.eye(tokens, dtype=weights.dtype, device=weights.device)
     rollout = eye.expand(weights.shape[1], tokens, tokens)
@@ -236,7 +241,7 @@ def gradient_rollout(
     Row 0 is the class token's relevance map (`pooled_maps` picks the rows the head reads).
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be at least 1")
+        raise UsageError(f"batch_size={batch_size} must be at least 1")
     layers = list(range(len(model.blocks)))
     device = _device(model)
     if isinstance(targets, int):
@@ -252,7 +257,7 @@ def gradient_rollout(
                 chosen = targets[start : start + batch_size].to(device)
             num_classes = logits.shape[-1]
             if ((chosen < 0) | (chosen >= num_classes)).any():
-                raise ValueError(f"target classes must lie in [0, {num_classes}), got {chosen.tolist()}")
+                raise UsageError(f"target classes must lie in [0, {num_classes}), got {chosen.tolist()}")
             score = logits.gather(1, chosen[:, None]).sum()  # images are independent: sum is fine
             attn = [captured[i][0] for i in layers]
             grads = torch.autograd.grad(score, attn)
@@ -291,7 +296,7 @@ def pos_embed_similarity(model: ViT) -> torch.Tensor:
     """Cosine similarity of each patch's position embedding with every other's (Figure 7, centre):
     (grid_h, grid_w, grid_h, grid_w); [r, c] is the tile of the patch at row r, column c."""
     if model.pos_embed is None:
-        raise ValueError("the model has no position embeddings (pos_embed: none)")
+        raise UsageError("the model has no position embeddings (pos_embed: none)")
     table = model.pos_embed.detach().float()[0, model.num_prefix_tokens :]  # (patches, dim)
     table = F.normalize(table, dim=-1)
     grid_h, grid_w = model.grid_size
@@ -353,3 +358,122 @@ def attention_share(
     used = queries.any(dim=-1)  # images with at least one query patch
     chance = (keys.sum(-1).float() / weights.shape[-1])[used].mean()
     return per_image[:, used].mean(dim=1), chance
+
+
+# ---------------------------------------------------------------- one entry point for every method
+
+METHODS = {  # method -> what its maps show, for titles
+    "cls": "class-token attention",
+    "query": "attention of patch {patch}",
+    "rollout": "attention rollout ({fusion} of heads, discard {discard})",
+    "grad-rollout": "gradient-weighted rollout for the {target} class",
+}
+POOLED = {"cls": "class-token", "mean": "mean-pooled-token"}  # what the head reads, for titles
+
+
+@dataclass
+class Explanation:
+    """What `explain` computed for a batch of images."""
+
+    name: str  # a file stem for the method: cls, query_1_2, rollout, grad_rollout
+    maps: torch.Tensor  # (B, grid_h, grid_w): one map per image, the one to draw over it
+    title: str  # what `maps` shows
+    logits: torch.Tensor  # (B, classes)
+    layers: list[int]  # the layers chosen
+    heads: list[int]  # the heads chosen
+    # cls and query: (layers, B, heads, grid_h, grid_w), a map per layer and head; else None
+    layer_head_maps: torch.Tensor | None = None
+    what: str = ""  # the method in words, for titles of the per-layer maps
+    note: str | None = None  # something the user should know about these maps
+
+
+def check_explain_options(
+    method: str,
+    layer: int | None = None,
+    head: int | None = None,
+    query_patch: tuple[int, int] | None = None,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+) -> None:
+    """The checks of `explain`'s options that need no model."""
+    if method not in METHODS:
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if (method == "query") != (query_patch is not None):
+        raise UsageError("--method query needs --query-patch ROW,COLUMN, and only it takes one")
+    if head is not None and method not in ("cls", "query"):
+        raise UsageError(f"--head does not apply to --method {method}: rollout combines all heads")
+    if layer is not None and method == "grad-rollout":
+        raise UsageError("--layer does not apply to --method grad-rollout: it uses every layer")
+    if head_fusion not in HEAD_FUSIONS:
+        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise UsageError(f"discard_ratio={discard_ratio} must lie in [0, 1)")
+
+
+def explain(
+    model: ViT,
+    images: torch.Tensor,
+    method: str = "cls",
+    layer: int | None = None,
+    head: int | None = None,
+    query_patch: tuple[int, int] | None = None,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    target: int | None = None,
+    batch_size: int = 64,
+    class_names: Sequence[str] | None = None,
+) -> Explanation:
+    """Where `model` looks in `images` (B, C, H, W), by one method:
+
+    - "cls": the class token's attention, per layer and head (`layer`, `head`: one, or all); the
+      map to draw is the mean over the chosen heads of the last chosen layer;
+    - "query": the same for the patch at `query_patch` (row, column);
+    - "rollout": attention rollout through the layers up to `layer` (default all), heads fused by
+      `head_fusion`, each row's lowest `discard_ratio` of patch weights dropped;
+    - "grad-rollout": the gradient-weighted rollout for class `target` (default: the predicted).
+
+    Rollouts follow the tokens the head reads (`pooled_maps`). Returns the maps with their titles
+    and the logits of the same forward pass.
+    """
+    check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    layers, heads = select_layers(model, layer), select_heads(model, head)
+    if query_patch is not None:
+        patch_token(model, query_patch)  # raises if outside the grid
+    num_classes = model.head.out_features
+    if target is not None and not 0 <= target < num_classes:
+        raise UsageError(f"target={target} is not a class of this model (0 to {num_classes - 1})")
+    names = list(class_names or [str(i) for i in range(num_classes)])
+
+    # the forward pass that gives the weights gives the predictions too (grad-rollout needs its
+    # own pass with gradients: one layer here is enough)
+    chosen = {"rollout": list(range(layers[-1] + 1)), "grad-rollout": layers[-1:]}.get(method, layers)
+    weights, logits = attention_weights(model, images, chosen, heads, batch_size, return_logits=True)
+    name = method.replace("-", "_")
+    if method in ("cls", "query"):  # weights: (L, B, H, T, T)
+        note = None
+        if method == "cls":
+            per_layer = cls_attention_maps(model, weights)  # (L, B, H, gh, gw)
+            if model.pool == "mean":
+                note = (
+                    "this model's head reads the mean of the patch tokens, not the class token; "
+                    "--method rollout or grad-rollout follow what feeds the head"
+                )
+        else:
+            per_layer = query_attention_maps(model, weights, query_patch)
+            name = f"query_{query_patch[0]}_{query_patch[1]}"
+        what = METHODS[method].format(patch=tuple(query_patch or ()))
+        head_text = f"head {heads[0]}" if len(heads) == 1 else "mean of heads"
+        return Explanation(
+            name, per_layer[-1].mean(dim=1), f"{what}, layer {layers[-1]}, {head_text}", logits,
+            layers, heads, per_layer, what, note,
+        )  # fmt: skip
+    if method == "rollout":
+        rollout = attention_rollout(weights, head_fusion, discard_ratio, model.num_prefix_tokens)
+        what = METHODS[method].format(fusion=head_fusion, discard=discard_ratio)
+        title = f"{POOLED[model.pool]} {what}, layers 0 to {layers[-1]}"
+        return Explanation(name, pooled_maps(model, rollout), title, logits, layers, heads, what=what)
+    targets = logits.argmax(-1) if target is None else target
+    relevance = gradient_rollout(model, images, targets, batch_size)
+    what = METHODS[method].format(target="predicted" if target is None else names[target])
+    title = f"{POOLED[model.pool]} {what}"
+    return Explanation(name, pooled_maps(model, relevance), title, logits, layers, heads, what=what)

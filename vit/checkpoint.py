@@ -1,8 +1,15 @@
-"""Rebuild a trained classifier and its data module from a checkpoint, without unpickling code."""
+"""Checkpoints written by vit-train, read the one safe way, and what they rebuild.
+
+`read_checkpoint` is the one reader of every command (vit-train's --ckpt_path included): the file
+is loaded with `weights_only=True` (tensors and plain containers only), so a checkpoint that
+would run code when unpickled is refused and none of its code runs; a missing, truncated or
+foreign file is one line naming it. `load_model` rebuilds the model and its `Preparation` (how
+image files become its input) from the checkpoint alone, with no data module and no data files;
+`load_checkpoint` rebuilds the data module too, for evaluating on a split.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import pickle
 import re
@@ -12,8 +19,10 @@ import lightning as L
 import torch
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
-from vit.data import TwoCircles
-from vit.images import CIFAR10, FashionMNIST, ImageFolders, files_optional
+from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
+from vit.errors import one_line
+from vit.preparation import Preparation
+from vit.two_circles import TwoCircles
 
 # Models a checkpoint may name, by the class path LightningCLI records (either spelling);
 # checkpoints without one hold a ViTClassifier.
@@ -23,13 +32,14 @@ MODELS: dict[str, type[Classifier]] = {
     for module in ("vit", "vit.classifier")
 }
 
-# Data modules a checkpoint may name, by the class path LightningCLI records (either spelling).
+# Data modules a checkpoint may name, by the class path LightningCLI records: the package's name
+# for them, their module's, and the old modules' (vit.data, vit.images) that older checkpoints carry.
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
-    "vit.data.TwoCircles": TwoCircles,
+    **{f"{module}.TwoCircles": TwoCircles for module in ("vit", "vit.two_circles", "vit.data")},
     **{
         f"{module}.{cls.__name__}": cls
         for cls in (CIFAR10, ImageFolders, FashionMNIST)
-        for module in ("vit", "vit.images")
+        for module in ("vit", "vit.datamodules", "vit.images")
     },
 }
 
@@ -63,32 +73,30 @@ def _options(cls: type) -> list[str]:
     ]
 
 
-def load_checkpoint(
-    path: str | Path,
-    map_location: str | torch.device = "cpu",
-    data: dict | None = None,
-    need_data: bool = True,
-) -> tuple[Classifier, L.LightningDataModule | None]:
-    """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint.
-
-    The file is read with `weights_only=True`: tensors and plain containers only. A checkpoint
-    that needs arbitrary unpickling is refused with a ValueError, and none of its code runs.
-    `data` overrides arguments of the data module before it is built (another folder, another
-    test split); an argument it does not take is a ValueError that lists those it does.
-    `need_data=False` (for image files given by the user): the data module is built even where
-    its files are absent, to name the classes and prepare pictures; reading a split then fails.
-    """
-    path, data = Path(path), dict(data or {})
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """The contents of a checkpoint written by vit-train, read without unpickling code. A missing
+    file is a FileNotFoundError; a file that would run code, a truncated or corrupt one, or one
+    that is no vit-train checkpoint a ValueError: each a line that names the file."""
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({_reason(e)})") from e
-    except (EOFError, RuntimeError) as e:
-        raise ValueError(f"{path} is not a readable checkpoint: {e}") from e
+        if "Unsupported global" in str(e) or "allowed global" in str(e):  # code it would run
+            raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({_reason(e)})") from e
+        raise ValueError(f"{path} is not a readable checkpoint (not a torch.save file?)") from e
+    except (EOFError, OSError, RuntimeError, ValueError) as e:  # the zip reader on a cut file: OSError
+        raise ValueError(
+            f"{path} is not a readable checkpoint (truncated or corrupt? {one_line(e)[:200]})"
+        ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise ValueError(f"{path} is not a checkpoint written by vit-train")
+    return ckpt
+
+
+def build_model(ckpt: dict, path: str | Path) -> Classifier:
+    """The classifier of a checkpoint's contents, with its weights, in eval mode."""
     hparams = ckpt["hyper_parameters"]
     model_class = MODELS.get(hparams.get("_class_path", "vit.ViTClassifier"))
     if model_class is None:
@@ -105,24 +113,66 @@ def load_checkpoint(
         if (reason := state_dict_mismatch(e)) is None:
             raise
         raise ValueError(f"cannot rebuild {name} from {path} ({hint}): {reason}") from e
-    model.eval()
-    datamodule = None
-    if dm_hparams := ckpt.get("datamodule_hyper_parameters"):
-        cls = DATAMODULES.get(dm_hparams.get("_class_path"))
-        if cls is None:
-            raise ValueError(f"{path} names an unknown data module {dm_hparams.get('_class_path')!r}")
-        options = _options(cls)
-        unknown = sorted(set(data) - set(options))
-        if unknown:
-            raise ValueError(
-                f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}"
-            )
-        try:
-            with contextlib.nullcontext() if need_data else files_optional():
-                datamodule = cls(**{**_public(dm_hparams), **data})
-        except TypeError as e:  # a value of the wrong type, found by the constructor
-            given = f" with {data}" if data else ""
-            raise ValueError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e
-    elif data:
-        raise ValueError(f"{path} names no data module, so there is none to change with {data}")
+    return model.eval()
+
+
+def _datamodule_class(dm_hparams: dict, path: str | Path) -> type[L.LightningDataModule]:
+    cls = DATAMODULES.get(dm_hparams.get("_class_path"))
+    if cls is None:
+        raise ValueError(f"{path} names an unknown data module {dm_hparams.get('_class_path')!r}")
+    return cls
+
+
+def preparation_of(ckpt: dict, model: Classifier, path: str | Path) -> Preparation:
+    """How image files become the input of a checkpoint's model: the preparation vit-train stored;
+    for older checkpoints, the one its data module's recorded arguments describe; for a checkpoint
+    without a data module, the model's channels and image size, its classes named by number."""
+    try:
+        if "preparation" in ckpt:
+            return Preparation.from_dict(ckpt["preparation"])
+        if dm_hparams := ckpt.get("datamodule_hyper_parameters"):
+            return _datamodule_class(dm_hparams, path).preparation_for(_public(dm_hparams))
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"{path} does not say how to prepare images ({type(e).__name__}: {e})") from e
+    hparams = model.hparams
+    return Preparation(
+        channels=hparams.get("in_channels", 3),
+        size=hparams.get("image_size", 32),
+        classes=[str(i) for i in range(hparams.num_classes)],
+    )
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Classifier, Preparation]:
+    """Model (in eval mode) and preparation of a checkpoint: all that classifying or drawing image
+    files needs. Builds no data module and reads no data file."""
+    ckpt = read_checkpoint(path, map_location)
+    model = build_model(ckpt, path)
+    return model, preparation_of(ckpt, model, path)
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", data: dict | None = None
+) -> tuple[Classifier, L.LightningDataModule | None]:
+    """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint,
+    for measuring the model on a split of its data. `data` overrides arguments of the data module
+    before it is built (another folder, another test split); an argument it does not take is a
+    ValueError that lists those it does."""
+    data = dict(data or {})
+    ckpt = read_checkpoint(path, map_location)
+    model = build_model(ckpt, path)
+    dm_hparams = ckpt.get("datamodule_hyper_parameters")
+    if not dm_hparams:
+        if data:
+            raise ValueError(f"{path} names no data module, so there is none to change with {data}")
+        return model, None
+    cls = _datamodule_class(dm_hparams, path)
+    options = _options(cls)
+    unknown = sorted(set(data) - set(options))
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}")
+    try:
+        datamodule = cls(**{**_public(dm_hparams), **data})
+    except TypeError as e:  # a value of the wrong type, found by the constructor
+        given = f" with {data}" if data else ""
+        raise ValueError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e
     return model, datamodule

@@ -13,7 +13,8 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.cnn import BagCNN, ResNet
-from vit.model import PRESETS, build_vit, require
+from vit.errors import UsageError, require
+from vit.model import PRESETS, build_vit
 
 
 def adamw(
@@ -104,6 +105,12 @@ class Classifier(L.LightningModule):
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
             self.log("time/minutes", (time.perf_counter() - self._fit_started) / 60, sync_dist=True)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # how image files become model input, so that a checkpoint alone classifies and draws them
+        preparation = getattr(self.trainer.datamodule, "preparation", None)
+        if preparation is not None:
+            checkpoint["preparation"] = preparation.to_dict()
+
     def validation_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "val", self.val_acc)
 
@@ -167,7 +174,7 @@ class ViTClassifier(Classifier):
         **kwargs,
     ):
         if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+            raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         super().__init__(num_classes, **kwargs)
         self.model = build_vit(
             preset,
@@ -216,4 +223,4 @@ class CNNClassifier(Classifier):
                 num_classes, in_channels, widths=(width // 4, width // 2, width), padding=padding
             )
         else:
-            raise ValueError(f"arch must be 'bag' or 'resnet', got {arch!r}")
+            raise UsageError(f"arch must be 'bag' or 'resnet', got {arch!r}")

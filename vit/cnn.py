@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from vit.model import require
+from vit.errors import require
 
 # "circular" wraps like the wrap-around canvas; "zeros" lets a unit see the image border (a
 # position cue); "valid" drops the border, so no unit sees it.

@@ -16,6 +16,8 @@ from einops import rearrange
 from einops.layers.torch import Rearrange
 from torch import nn
 
+from vit.errors import UsageError, require
+
 # One dict of sizes. "micro" keeps unit tests fast, "mini" is the two-circles demo,
 # "cifar" is a width-192 depth-6 model for 32x32 images, the rest are the ViT paper's sizes.
 PRESETS: dict[str, dict] = {
@@ -26,12 +28,6 @@ PRESETS: dict[str, dict] = {
     "s": dict(dim=384, depth=12, heads=6, mlp_ratio=4.0),
     "b": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),
 }
-
-
-def require(condition: bool, message: str) -> None:
-    """Reject a bad argument with a ValueError that says what is wrong (the CLI prints it)."""
-    if not condition:
-        raise ValueError(message)
 
 
 def pair(x: int | tuple[int, int]) -> tuple[int, int]:
@@ -48,7 +44,7 @@ def sincos_2d(
     is that of the first column, and a relative offset means the same thing across the edge.
     """
     if dim % 4:
-        raise ValueError(f"sin-cos position embeddings need dim divisible by 4, got dim={dim}")
+        raise UsageError(f"sin-cos position embeddings need dim divisible by 4, got dim={dim}")
     y, x = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
     k = torch.arange(dim // 4)
     if periodic:
@@ -137,7 +133,7 @@ class Attention(nn.Module):
     ):
         super().__init__()
         if dim % heads:
-            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+            raise UsageError(f"dim={dim} is not divisible by heads={heads}")
         self.heads = heads
         self.scale = (dim // heads) ** -0.5
         # Locality Self-Attention (Lee et al. 2021): a learned temperature (starting at the fixed
@@ -253,13 +249,13 @@ class ViT(nn.Module):
         require(0 <= drop_path < 1, f"drop_path={drop_path} must lie in [0, 1)")
         require(0 <= patch_dropout < 1, f"patch_dropout={patch_dropout} must lie in [0, 1)")
         if image_h % patch_size or image_w % patch_size:
-            raise ValueError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
+            raise UsageError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
         if init not in ("timm", "torch"):
-            raise ValueError(f"init must be 'timm' or 'torch', got {init!r}")
+            raise UsageError(f"init must be 'timm' or 'torch', got {init!r}")
         if pool not in ("cls", "mean"):
-            raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
+            raise UsageError(f"pool must be 'cls' or 'mean', got {pool!r}")
         if pos_embed not in ("learned", "sincos", "periodic", "none"):
-            raise ValueError(
+            raise UsageError(
                 f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {pos_embed!r}"
             )
         self.image_size = (image_h, image_w)
@@ -376,7 +372,7 @@ class ViT(nn.Module):
 def build_vit(preset: str, **overrides) -> ViT:
     """A ViT of a named size; keyword arguments that are not None override the preset."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     kwargs = PRESETS[preset] | {k: v for k, v in overrides.items() if v is not None}
     return ViT(**kwargs)
 

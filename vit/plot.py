@@ -212,18 +212,6 @@ def overlay_grid_figure(
     return mosaic_figure(tiles, row_titles, ["image", *(col_titles or [])], title)
 
 
-def save_overlay_grid(
-    images: torch.Tensor,
-    maps: torch.Tensor,
-    path: str | Path,
-    row_titles: list[str] | None = None,
-    col_titles: list[str] | None = None,
-    alpha: float = 0.6,
-) -> Path:
-    """`overlay_grid_figure` saved as PNG at `path`."""
-    return save_figure(overlay_grid_figure(images, maps, row_titles, col_titles, alpha=alpha), path)
-
-
 def mean_distance_figure(distances: torch.Tensor, image_size: tuple[int, int] | None = None) -> Figure:
     """ViT paper Figure 7 (right): mean attention distance (pixels) of every head against depth.
 

@@ -44,7 +44,7 @@ def test_two_circles_comparison_smoke(tmp_path):
 
 def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
     from benchmarks.data_pipeline import main
-    from vit.images import CIFAR10_CLASSES
+    from vit.datamodules import CIFAR10_CLASSES
 
     root = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 1})
     tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--precision", "fp32", "--batch", "4"]
@@ -58,7 +58,7 @@ def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
 
 def test_short_run_smoke(tmp_path, capsys):
     from benchmarks.short_run import main
-    from vit.images import CIFAR10_CLASSES
+    from vit.datamodules import CIFAR10_CLASSES
 
     root = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 2})
     tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--mlp_ratio", "1"]

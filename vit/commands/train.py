@@ -6,13 +6,15 @@ r"""`vit-train` (and `python train.py`): a LightningCLI over ViTClassifier and t
     vit-train fit --config configs/two_circles.yaml --ckpt_path last   # resume the latest run
 
 Every run writes `runs/<name>/version_N/` with the resolved `config.yaml`, `metrics.csv` and
-`checkpoints/best.ckpt` (highest val/acc) plus `checkpoints/last.ckpt`.
+`checkpoints/best.ckpt` (highest val/acc) plus `checkpoints/last.ckpt`. Bad input is one line
+`error: ...` and exit status 2 (a bad option or value) or 1 (missing data, a bad checkpoint), as
+for vit-eval and vit-attention (`vit.commands.base`); a checkpoint given to --ckpt_path is read
+(safely) before anything is built or written.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -20,9 +22,10 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vit.checkpoint import state_dict_mismatch
+from vit.checkpoint import read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
-from vit.images import DataError
+from vit.commands.base import FAILURE, USAGE, OneLineErrors, fail
+from vit.errors import DataError, UsageError, one_line
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
@@ -59,36 +62,6 @@ class LastCheckpoint(ModelCheckpoint):
         self._save_unless_saved(trainer)
 
 
-class CLIError(Exception):
-    """A problem with the user's input, reported as one line without a traceback."""
-
-
-def short_message(message: str) -> str:
-    """jsonargparse's message on one line; for a class given by class_path, only the reason
-    that class rejected the value (not the list of every type it tried)."""
-    message = " ".join(message.split())
-    match = re.search(
-        r'Parser key "([^"]+)": Does not validate against any of the Union subtypes.*?'
-        r"Problem with given class_path '([^']+)': (.*?)(?: - Expected a <class 'NoneType'>.*)?$",
-        message,
-    )
-    return f"{match[1]} ({match[2]}): {match[3]}" if match else message
-
-
-class OneLineErrors:
-    """Mixin for a jsonargparse parser: a bad option or value is reported as one line instead
-    of the whole usage text."""
-
-    help_command: str | None = None  # the command the hint names; default: the parser's prog
-
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error:  # jsonargparse probing alternatives: let it handle this
-            return super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = self.help_command or parser.prog.replace(" [options]", "")
-        sys.exit(f"error: {short_message(message)} (options: {prog} --help)")
-
-
 class Parser(OneLineErrors, LightningArgumentParser):
     """vit-train's parser."""
 
@@ -99,9 +72,12 @@ class ViTCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as e:  # raised by constructors
             # jsonargparse wraps ours; a DataError is ours even when it wraps an OSError
-            while not isinstance(e, DataError) and (e.__cause__ or e.__context__) is not None:
-                e = e.__cause__ or e.__context__
-            raise CLIError(e) from e
+            cause = e
+            while not isinstance(cause, DataError) and (cause.__cause__ or cause.__context__) is not None:
+                cause = cause.__cause__ or cause.__context__
+            if isinstance(cause, (ValueError, OSError, MisconfigurationException)):
+                raise cause from e
+            raise UsageError(one_line(cause)) from e
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -123,21 +99,33 @@ class ViTCLI(LightningCLI):
         for key in ("num_classes", "image_size", "in_channels"):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Lightning reads --ckpt_path for its hyper-parameters next, before anything of ours runs:
+        # a truncated file or code to unpickle is one line here instead of its traceback
+        if (subcommand := self.config.get("subcommand")) is not None:
+            ckpt_path = self.config[subcommand].get("ckpt_path")
+            if ckpt_path not in (None, *SPECIAL_CKPT_PATHS) and Path(ckpt_path).is_file():
+                read_checkpoint(ckpt_path)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer
         if self.subcommand == "fit" and trainer.max_epochs == -1 and trainer.max_steps in (None, -1):
-            raise CLIError("max_epochs=-1 needs max_steps: the learning-rate schedule needs an end")
+            raise UsageError("max_epochs=-1 needs max_steps: the learning-rate schedule needs an end")
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             self._resolve_last(config)
         elif ckpt_path == "best":
-            raise CLIError(
+            raise UsageError(
                 "--ckpt_path best only means something in the process that ran fit; "
                 "give a file, for example runs/<name>/version_N/checkpoints/best.ckpt"
             )
-        elif ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
-            raise CLIError(f"checkpoint not found: {ckpt_path}")
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS:
+            # missing, truncated, or code to unpickle: one line now, before Lightning writes
+            # config.yaml and builds the data (it reads the file only after that)
+            read_checkpoint(ckpt_path)
 
     def _resolve_last(self, config) -> None:
         """`--ckpt_path last` means the newest last.ckpt among the runs of the configured logger
@@ -153,7 +141,7 @@ class ViTCLI(LightningCLI):
         if not candidates:
             if self.subcommand == "fit":
                 return  # Lightning warns and starts from scratch, as for a first run
-            raise CLIError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
+            raise FileNotFoundError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
         newest = max(candidates, key=lambda f: f.stat().st_mtime)
         if self.subcommand != "fit":
             config.ckpt_path = str(newest)
@@ -180,16 +168,16 @@ def run(args: list[str] | None = None) -> ViTCLI:
 def main(args: list[str] | None = None) -> None:
     try:
         run(args)
-    except (CLIError, DataError) as e:  # a DataError may come from setup, inside fit or test
-        sys.exit(f"error: {e}")
+    except (UsageError, MisconfigurationException) as e:
+        fail(e, USAGE)
+    except (FileNotFoundError, ValueError) as e:  # a DataError may come from setup, inside fit or test
+        fail(e, FAILURE)
     except RuntimeError as e:  # --ckpt_path: weights that do not fit the model built from the
         # checkpoint's hyper-parameters and the data module's num_classes, image_size, in_channels
         if (reason := state_dict_mismatch(e)) is None:
             raise
         hint = "another data set, or another version of vit?"
-        sys.exit(
-            f"error: the checkpoint does not fit the model built from it and the data ({hint}): {reason}"
-        )
+        fail(f"the checkpoint does not fit the model built from it and the data ({hint}): {reason}")
 
 
 if __name__ == "__main__":

@@ -6,35 +6,34 @@
     vit-eval --ckpt best.ckpt --data root=/data/other                  # another image folder
     vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top-k 3        # top classes as JSON
 
-The model and its data module are rebuilt from the checkpoint alone, read without unpickling
-code (`vit.checkpoint.load_checkpoint`). Everything is computed before the first file is written;
-bad input stops the command with one line `error: ...` and a non-zero exit, and writes nothing.
+Checkpoints are read without unpickling code (`vit.checkpoint`). Measuring rebuilds the model
+and its data module from the checkpoint; `predict` needs only the checkpoint: its `Preparation`
+says how image files become model input, and no data module is built. Everything is computed
+before the first file is written; bad input stops the command with one line `error: ...` and exit
+status 2 (a bad option or value) or 1 (a missing or unreadable file), and writes nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import sys
-import warnings
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 import yaml
-from jsonargparse import ArgumentParser
-from PIL import Image
 from torchmetrics.functional.classification import (
     multiclass_accuracy,
     multiclass_calibration_error,
     multiclass_confusion_matrix,
 )
+from tqdm import tqdm
 
-from vit.checkpoint import load_checkpoint
-from vit.cli import OneLineErrors
+from vit.checkpoint import load_checkpoint, load_model
+from vit.commands.base import Parser, run
+from vit.errors import UsageError
 from vit.plot import confusion_figure, reliability_figure, save_all
+from vit.preparation import read_images
 
 SPLITS = ("test", "val")
 DEVICES = ("auto", "cpu", "cuda")
@@ -44,9 +43,9 @@ N_BINS = 15  # confidence bins of the calibration error, as in Guo et al. 2017
 def torch_device(device: str) -> str:
     """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
     if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+        raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: PyTorch sees no CUDA device")
+        raise UsageError("--device cuda: PyTorch sees no CUDA device")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
@@ -59,11 +58,11 @@ def parse_data_options(items: list[str]) -> dict:
     for item in items:
         key, equals, value = item.partition("=")
         if not equals or not key:
-            raise ValueError(f"--data {item!r} is not KEY=VALUE")
+            raise UsageError(f"--data {item!r} is not KEY=VALUE")
         try:
             options[key] = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            raise ValueError(f"--data {item!r}: the value is not YAML ({' '.join(str(e).split())})") from e
+            raise UsageError(f"--data {item!r}: the value is not YAML ({' '.join(str(e).split())})") from e
     return options
 
 
@@ -77,73 +76,31 @@ def predict_probabilities(model: torch.nn.Module, images: torch.Tensor, tta: boo
     return probabilities
 
 
-class _Collect(L.LightningModule):
-    """Runs a classifier through Lightning's test or validation loop, as `vit-train test` does,
-    so that the data module's batch hooks (such as `on_after_batch_transfer`, where image data
-    modules convert and normalise on the device) apply; keeps the probabilities and labels."""
-
-    def __init__(self, classifier: torch.nn.Module, tta: bool):
-        super().__init__()
-        self.classifier = classifier
-        self.tta = tta
-        self.probabilities: list[torch.Tensor] = []
-        self.labels: list[torch.Tensor] = []
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        images, labels = batch
-        self.probabilities.append(predict_probabilities(self.classifier, images, self.tta).cpu())
-        self.labels.append(labels.cpu())
-
-    validation_step = test_step
-
-
-@contextlib.contextmanager
-def _quiet_lightning():
-    """Keep out of the table's way what Lightning says about itself rather than about the
-    evaluation: its start-up lines (accelerators, tips), its advice on data-loader workers and
-    deprecations between its version and PyTorch's. Other warnings and errors still show."""
-    loggers = [
-        logging.getLogger(f"lightning.{package}.utilities.rank_zero") for package in ("pytorch", "fabric")
-    ]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers")
-            warnings.filterwarnings("ignore", category=FutureWarning, module="lightning")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
+@torch.no_grad()
 def collect_probabilities(
     classifier: torch.nn.Module,
-    datamodule: L.LightningDataModule,
+    datamodule,
     split: str = "test",
     tta: bool = False,
     device: str = "cpu",
     progress: bool = True,
+    batch_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities (N, classes) and labels (N,) of every image of the data module's split."""
-    collect = _Collect(classifier, tta)
-    with _quiet_lightning():
-        trainer = L.Trainer(
-            accelerator=device,
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=progress,
-        )
-        if split == "test":
-            trainer.test(collect, datamodule=datamodule, verbose=False)
-        else:
-            trainer.validate(collect, datamodule=datamodule, verbose=False)
-    if not collect.labels:
+    """Probabilities (N, classes) and labels (N,) of every image of the data module's split
+    (`datamodule.split`, whose images are ready for the model), in batches of `batch_size`
+    (default: the data module's), with a progress bar."""
+    dataset = datamodule.split(split)
+    if len(dataset) == 0:
         raise ValueError(f"the {split} split of {type(datamodule).__name__} holds no images")
-    return torch.cat(collect.probabilities), torch.cat(collect.labels)
+    batch_size = batch_size or datamodule.hparams.get("batch_size", 128)
+    classifier = classifier.to(device).eval()
+    probabilities, labels = [], []
+    starts = range(0, len(dataset), batch_size)
+    for start in tqdm(starts, desc=f"{split} split", unit="batch", disable=not progress, file=sys.stderr):
+        images, targets = dataset[start : start + batch_size]
+        probabilities.append(predict_probabilities(classifier, images.to(device), tta).cpu())
+        labels.append(targets)
+    return torch.cat(probabilities), torch.cat(labels)
 
 
 def reliability_bins(
@@ -242,15 +199,15 @@ def evaluate(
     another test split); `batch_size` is the same as data={"batch_size": ...}.
     """
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+        raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     device = torch_device(device)
     data = dict(data or {})
     if batch_size is not None:
         if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be at least 1")
+            raise UsageError(f"batch_size={batch_size} must be at least 1")
         data["batch_size"] = batch_size
     if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder")
+        raise UsageError(f"--out {out} is a file, not a folder")
     classifier, datamodule = load_checkpoint(ckpt, data=data)
     if datamodule is None:
         raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict takes image files")
@@ -292,44 +249,31 @@ def evaluate(
     return metrics
 
 
-def preprocess_file(datamodule, path: Path) -> torch.Tensor:
-    """One image file, as the data module prepares pictures: (1, C, H, W)."""
-    try:
-        with Image.open(path) as picture:
-            return datamodule.preprocess([picture])
-    except (OSError, Image.DecompressionBombError) as e:
-        raise ValueError(f"cannot read image {path}: {e}") from e
-
-
 def predict(
     ckpt: str | Path,
     images: list[str | Path],
     top_k: int = 5,
     tta: bool = False,
-    data: dict | None = None,
     batch_size: int = 64,
     device: str = "auto",
 ) -> list[dict]:
-    """Classify image files (any size or mode) and print, as JSON, each file's `top_k` classes
-    with their probabilities, most probable first. Returns that list."""
+    """Classify image files (any size or mode), prepared as the checkpoint's preparation says,
+    and print, as JSON, each file's `top_k` classes with their probabilities, most probable
+    first. Returns that list. Needs only the checkpoint: no data module, no data files."""
     if top_k < 1 or batch_size < 1:
-        raise ValueError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
+        raise UsageError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
     device = torch_device(device)
     files = [Path(f) for f in images]
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"image not found: {file}")
-    classifier, datamodule = load_checkpoint(ckpt, data=data, need_data=False)
-    if datamodule is None:
-        raise ValueError(f"{ckpt} names no data module, so nothing says how to prepare image files for it")
-    if not hasattr(datamodule, "preprocess"):
-        raise ValueError(f"{type(datamodule).__name__} has no preprocess(): it cannot prepare image files")
-    classes = [str(name) for name in datamodule.classes]
+    classifier, preparation = load_model(ckpt)
+    classes = list(preparation.classes)
     classifier.to(device)
     results = []
     for start in range(0, len(files), batch_size):  # a batch of pictures at a time bounds the memory
         chunk = files[start : start + batch_size]
-        batch = torch.cat([preprocess_file(datamodule, file) for file in chunk]).to(device)
+        batch = read_images(chunk, preparation).to(device)
         top = predict_probabilities(classifier, batch, tta).cpu().topk(min(top_k, len(classes)), dim=-1)
         for file, values, indices in zip(chunk, top.values.tolist(), top.indices.tolist(), strict=True):
             ranked = [
@@ -339,10 +283,6 @@ def predict(
             results.append({"file": str(file), "top_k": ranked})
     print(json.dumps(results, indent=2))
     return results
-
-
-class OneLineParser(OneLineErrors, ArgumentParser):
-    """vit-eval's parsers: one-line errors, as vit-train's."""
 
 
 DATA_HELP = (
@@ -355,8 +295,8 @@ TTA_HELP = (
 )
 
 
-def evaluate_parser() -> OneLineParser:
-    parser = OneLineParser(
+def evaluate_parser() -> Parser:
+    parser = Parser(
         prog="vit-eval",
         description=(
             "Measure a checkpoint on the test (or validation) split of the data module it was "
@@ -381,12 +321,13 @@ def evaluate_parser() -> OneLineParser:
     return parser
 
 
-def predict_parser() -> OneLineParser:
-    parser = OneLineParser(
+def predict_parser() -> Parser:
+    parser = Parser(
         prog="vit-eval predict",
         description=(
-            "Classify image files of any size or mode, prepared as the checkpoint's data module "
-            "prepares test images, and print each file's top classes with their probabilities "
+            "Classify image files of any size or mode, prepared as the checkpoint says (as its "
+            "data module prepared test images; the data itself is not needed), and print each "
+            "file's top classes with their probabilities "
             'as JSON: [{"file": ..., "top_k": [{"class": ..., "index": ..., "probability": ...}]}].'
         ),
     )
@@ -394,7 +335,6 @@ def predict_parser() -> OneLineParser:
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     parser.add_argument("--top-k", type=int, default=5, metavar="K", help="how many classes to list per file")
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="images per forward pass")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
     return parser
@@ -402,21 +342,21 @@ def predict_parser() -> OneLineParser:
 
 def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else [str(a) for a in args]
-    try:
-        if args[:1] == ["predict"]:
-            options = predict_parser().parse_args(args[1:])
-            predict(
-                options.ckpt,
-                options.images,
-                top_k=options.top_k,
-                tta=options.tta,
-                data=parse_data_options(options.data),
-                batch_size=options.batch_size,
-                device=options.device,
-            )
-        else:
-            options = evaluate_parser().parse_args(args)
-            evaluate(
+    if args[:1] == ["predict"]:
+        options = predict_parser().parse_args(args[1:])
+        run(
+            predict,
+            options.ckpt,
+            options.images,
+            top_k=options.top_k,
+            tta=options.tta,
+            batch_size=options.batch_size,
+            device=options.device,
+        )
+    else:
+        options = evaluate_parser().parse_args(args)
+        run(
+            lambda: evaluate(
                 options.ckpt,
                 split=options.split,
                 data=parse_data_options(options.data),
@@ -425,8 +365,7 @@ def main(args: list[str] | None = None) -> None:
                 out=options.out,
                 device=options.device,
             )
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,295 @@
+"""`vit-attention`: draw where a trained ViT looks, over test images or image files.
+
+    vit-attention --ckpt runs/demo/train/checkpoints/best.ckpt --out attention
+    vit-attention --ckpt best.ckpt --method query --query-patch 1,2 --layer -1
+    vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
+
+The maps come from `vit.attention.explain`; this command loads, draws and saves. Image files need
+only the checkpoint (its `Preparation`: no data module is built); test images come from the
+checkpoint's data module. Every check of the arguments runs before anything is computed or
+written; a bad one stops the command with one line `error: ...` and exit status 2 (a bad option or
+value) or 1 (a missing or unreadable file), and no output folder is made.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vit.attention import (
+    HEAD_FUSIONS,
+    check_explain_options,
+    embedding_filter_components,
+    explain,
+    iter_attention,
+    mean_attention_distance,
+    pos_embed_similarity,
+)
+from vit.checkpoint import load_checkpoint, load_model
+from vit.commands.base import Parser, run
+from vit.errors import UsageError
+from vit.model import ViT
+from vit.plot import (
+    batch_figure,
+    embedding_filters_figure,
+    layers_heads_figure,
+    mean_distance_figure,
+    pos_embed_similarity_figure,
+    save_all,
+)
+from vit.preparation import read_images
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+
+
+def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """`n` test images spread evenly over the test split (image folders list theirs class by
+    class, so the first `n` would often be one class), their labels and their indices."""
+    split = datamodule.split("test")
+    size = len(split)
+    if size == 0:
+        raise ValueError("the data module's test split is empty; give --images")
+    indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
+    images, labels = split[indices]
+    return images, labels, indices
+
+
+def image_files(paths: list[Path]) -> list[Path]:
+    """The files named, and the image files in the folders named (sorted), in order."""
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise FileNotFoundError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {path}")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"image not found: {path}")
+    return files
+
+
+def file_tag(stem: str) -> str:
+    """An image file's stem as a safe part of a file name: letters, digits, '.', '-', '_' kept,
+    anything else '_', at most 40 characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem)[:40]
+
+
+def attention(
+    *,
+    ckpt: Path,
+    images: list[Path] | None = None,
+    num_images: int = 8,
+    method: str = "cls",
+    layer: int | None = None,
+    head: int | None = None,
+    query_patch: tuple[int, int] | None = None,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    target: int | None = None,
+    plots: bool = False,
+    out: Path = Path("attention"),
+    batch_size: int = 64,
+    threads: int | None = None,
+) -> list[Path]:
+    """Draw where a trained ViT looks, over image files or test images of its data set.
+
+    Writes `<method>.png` (every image with its map: for cls and query the mean over the chosen
+    heads of the last chosen layer) and, for cls and query with more than one layer or head, one
+    `<method>_NNN_<image>.png` per image (NNN its position, <image> `test<index>` or the file's
+    name) with a row per layer and a column per head. `plots` adds the ViT paper's Figure 7:
+    mean_attention_distance.png, pos_embed_similarity.png and embedding_filters.png. The
+    options are those of `vit.attention.explain`, and `vit-attention --help` explains them.
+    """
+    started = time.perf_counter()
+    check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    if num_images < 1 or batch_size < 1:
+        raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"threads={threads} must be at least 1")
+        torch.set_num_threads(threads)
+    if images:  # files need the checkpoint alone
+        classifier, preparation = load_model(ckpt)
+        names = list(preparation.classes)
+    else:
+        classifier, datamodule = load_checkpoint(ckpt)
+        if datamodule is None:
+            raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
+        names = [str(name) for name in datamodule.classes]
+    if not isinstance(classifier.model, ViT):
+        raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT: it has no attention")
+    model: ViT = classifier.model
+    if images:
+        files = image_files(images)
+        batch, labels = read_images(files, preparation), None
+        captions, tags = [f.name for f in files], [file_tag(f.stem) for f in files]
+    else:
+        batch, labels, indices = spread_test_images(datamodule, num_images)
+        captions, tags = [f"test {i}" for i in indices], [f"test{i}" for i in indices]
+
+    found = explain(
+        model, batch, method, layer, head, query_patch, head_fusion, discard_ratio, target, batch_size, names
+    )
+    if found.note:
+        print(f"note: {found.note}")
+    for i, p in enumerate(found.logits.argmax(-1).tolist()):
+        truth = "" if labels is None else f"true {names[labels[i]]}\n"
+        captions[i] = f"{captions[i]}\n{truth}pred {names[p]}"
+    box = None  # the query patch, outlined in every tile
+    if query_patch is not None:
+        p = model.patch_size
+        box = (query_patch[0] * p, query_patch[1] * p, p, p)
+    figures = {}  # file name -> figure, saved once everything is computed
+    if found.layer_head_maps is not None and len(found.layers) * len(found.heads) > 1:
+        for i in range(len(batch)):
+            figures[f"{found.name}_{i:03d}_{tags[i]}.png"] = layers_heads_figure(
+                batch[i],
+                found.layer_head_maps[:, i],
+                found.layers,
+                found.heads,
+                title=f"{found.what}: {captions[i]}".replace("\n", ", "),
+                box=box,
+            )
+    figures[f"{found.name}.png"] = batch_figure(batch, found.maps, captions, title=found.title, box=box)
+    if plots:
+        figures.update(figure_7(model, batch, batch_size))
+
+    out = Path(out)
+    # per-image figures of an earlier run into the same folder, for other images: replaced too
+    stale = [p for p in out.glob(f"{found.name}_[0-9][0-9][0-9]_*.png") if p.name not in figures]
+    written = save_all(out, figures)
+    for path in stale:
+        path.unlink(missing_ok=True)
+    seconds = time.perf_counter() - started
+    print(f"wrote {len(written)} PNG files into {out} for {len(batch)} images in {seconds:.1f} s:")
+    for path in written[:3]:
+        print(f"  {path}")
+    if len(written) > 3:
+        print(f"  ... {len(written) - 3} more")
+    if stale:
+        print(f"removed {len(stale)} per-image figures of an earlier run ({stale[0].name}, ...)")
+    return written
+
+
+def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
+    """The three panels of the ViT paper's Figure 7, as figures by file name."""
+    distance, count = 0.0, 0
+    for weights in iter_attention(model, images, batch_size=batch_size):  # chunk by chunk
+        distance = distance + mean_attention_distance(model, weights) * weights.shape[1]
+        count += weights.shape[1]
+    figures = {"mean_attention_distance.png": mean_distance_figure(distance / count, model.image_size)}
+    if model.pos_embed is not None:
+        figures["pos_embed_similarity.png"] = pos_embed_similarity_figure(pos_embed_similarity(model))
+    else:
+        print("no pos_embed_similarity.png: the model has no position embeddings")
+    figures["embedding_filters.png"] = embedding_filters_figure(*embedding_filter_components(model))
+    return figures
+
+
+def patch(text):
+    """ROW,COLUMN -> (row, column)."""
+    if isinstance(text, (list, tuple)):  # jsonargparse may have read "1,2" as a sequence already
+        text = ",".join(map(str, text))
+    row, _, column = str(text).partition(",")
+    try:
+        return int(row), int(column)
+    except ValueError:
+        raise ValueError(f"{text!r} is not ROW,COLUMN") from None
+
+
+def parser() -> Parser:
+    parser = Parser(
+        prog="vit-attention",
+        description=(
+            "Draw where a trained ViT looks, over image files or test images of its data set: "
+            "<method>.png (every image with its map) and, for cls and query over several layers or "
+            "heads, one figure per image with a row per layer and a column per head. "
+            "Checkpoints are read without unpickling code."
+        ),
+    )
+    add = parser.add_argument
+    add("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    add(
+        "--images",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="image files or folders of them; default: test images of the checkpoint's data set",
+    )
+    add(
+        "--num-images",
+        "--num_images",
+        type=int,
+        default=8,
+        metavar="N",
+        help="how many test images to use when no files are given",
+    )
+    add(
+        "--method",
+        default="cls",
+        help="cls (class token), query (one patch), rollout (Abnar & "
+        "Zuidema) or grad-rollout (class-specific, Chefer et al.)",
+    )
+    add(
+        "--layer",
+        type=int,
+        default=None,
+        help="the block, counted from 0, negative from the last; default all (rollout: up to it)",
+    )
+    add("--head", type=int, default=None, help="one head; default all, with their mean")
+    add(
+        "--query-patch",
+        "--query_patch",
+        type=patch,
+        default=None,
+        metavar="ROW,COLUMN",
+        help="the patch whose attention --method query draws",
+    )
+    add(
+        "--head-fusion",
+        "--head_fusion",
+        default="mean",
+        help="how rollout combines heads: " + ", ".join(HEAD_FUSIONS),
+    )
+    add(
+        "--discard-ratio",
+        "--discard_ratio",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="rollout drops this share of each row's lowest weights to patches",
+    )
+    add("--target", type=int, default=None, help="class that grad-rollout explains; default the predicted")
+    add(
+        "--plots",
+        action="store_true",
+        help="also draw the mean attention distance, position-embedding "
+        "similarity and patch-embedding filters (the ViT paper's Figure 7)",
+    )
+    add("--out", default="attention", metavar="DIR", help="folder for the PNG files")
+    add(
+        "--batch-size",
+        "--batch_size",
+        type=int,
+        default=64,
+        metavar="N",
+        help="images per forward pass (bounds the memory the weights take)",
+    )
+    add("--threads", type=int, default=None, help="PyTorch CPU threads; default PyTorch's choice")
+    return parser  # fmt: skip
+
+
+def main(args: list[str] | None = None) -> None:
+    args = sys.argv[1:] if args is None else [str(a) for a in args]
+    options = vars(parser().parse_args(args))
+    run(attention, **{key.replace("-", "_"): value for key, value in options.items()})
+
+
+if __name__ == "__main__":
+    main()

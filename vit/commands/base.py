@@ -1,0 +1,64 @@
+"""What the commands share: parsing with one-line errors, and exit codes.
+
+Every error a user can cause ends a command with one line `error: ...` on stderr and, as argparse
+users expect, exit status 2 for bad usage (an unknown option, a bad value: `UsageError`) or 1 for
+a failure (a missing or unreadable file, a bad checkpoint, bad data). vit-train's LightningCLI
+parser uses the same `OneLineErrors`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from jsonargparse import ArgumentParser
+
+from vit.errors import UsageError, one_line
+
+USAGE, FAILURE = 2, 1  # exit statuses
+
+
+def fail(message: str | BaseException, status: int = FAILURE) -> NoReturn:
+    """Print `error: <message>` on one line to stderr and exit with `status`."""
+    print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+def short_message(message: str) -> str:
+    """jsonargparse's message on one line; for a class given by class_path, only the reason
+    that class rejected the value (not the list of every type it tried)."""
+    message = one_line(message)
+    match = re.search(
+        r'Parser key "([^"]+)": Does not validate against any of the Union subtypes.*?'
+        r"Problem with given class_path '([^']+)': (.*?)(?: - Expected a <class 'NoneType'>.*)?$",
+        message,
+    )
+    return f"{match[1]} ({match[2]}): {match[3]}" if match else message
+
+
+class OneLineErrors:
+    """Mixin for a jsonargparse parser: a bad option or value is one line and exit status 2,
+    instead of the whole usage text."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # jsonargparse probing alternatives: let it handle this
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        fail(f"{short_message(message)} (options: {prog} --help)", USAGE)
+
+
+class Parser(OneLineErrors, ArgumentParser):
+    """The parser of vit-eval and vit-attention."""
+
+
+def run(command: Callable[..., object], *args, **kwargs) -> None:
+    """Call `command`; an error the user caused ends the process with one line and its status."""
+    try:
+        command(*args, **kwargs)
+    except UsageError as e:
+        fail(e, USAGE)
+    except (FileNotFoundError, ValueError) as e:
+        fail(e, FAILURE)

@@ -1,0 +1,445 @@
+"""Data modules for real images: CIFAR-10, folders of image files, Fashion-MNIST.
+
+The pipeline is the same for the three:
+
+- **Decode once.** Each split is decoded into one uint8 tensor (N, C, H, W) plus int64 labels and
+  kept in memory. Folders of image files are decoded by a few threads and cached on disk
+  (`vit.decode`, `vit.cache`); CIFAR-10's pickled batches and Fashion-MNIST's IDX files are arrays
+  already and are read directly.
+- **Cheap loaders.** A batch is one index into the in-memory tensor (`InMemory.__getitems__`):
+  no per-image work, `num_workers: 0` is enough.
+- **Augment whole batches on the device.** The training loader yields uint8 batches;
+  `on_after_batch_transfer` (training only) crops and flips every image with its own random
+  offsets and mirror, applies an optional TrivialAugment/RandAugment policy, converts to float and
+  optionally mixes images (MixUp, CutMix: soft labels), on the GPU when there is one.
+
+Contract, shared with `TwoCircles` (vit-eval and vit-attention rely on it): `split(name)` is the
+one way to read a split: an `InMemory` dataset whose items are float32 images (C, H, W) in [0, 1]
+and int64 labels, ready for the model; the validation, test and predict loaders yield its batches.
+The training loader yields uint8 images, which `on_after_batch_transfer` turns into the same float
+form (augmented). `preparation` says how an image file becomes what the test split holds (mode,
+size, resize or crop, border, class names); checkpoints store it. There is no mean/std
+normalisation: the patch embedding is linear, so it represents any per-channel affine map of the
+pixels exactly, and [0, 1] images can be drawn as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
+
+from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder
+from vit.errors import DataError, DataNotFoundError, one_line, require
+from vit.preparation import Preparation, to_float
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]  # fmt: skip
+FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+FASHION_MNIST_NAMES = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
+POLICIES = {"trivial": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
+
+
+def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
+    """Per-sample random crops of the zero-padded images and per-sample horizontal flips, as one
+    gather: sample i reads rows dy_i + (0..H-1) and columns dx_i + (0..W-1), the columns
+    reversed when it is mirrored. (B, C, H, W) of any dtype, on any device."""
+    b, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (padding,) * 4) if padding else images
+    dy = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
+    dx = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
+    rows = dy + torch.arange(h, device=device)  # (B, H)
+    cols = dx + torch.arange(w, device=device)  # (B, W)
+    if flip:
+        mirrored = torch.rand(b, 1, device=device) < 0.5
+        cols = torch.where(mirrored, cols.flip(1), cols)
+    batch = torch.arange(b, device=device)[:, None, None, None]
+    channel = torch.arange(c, device=device)[None, :, None, None]
+    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def holdout(n: int, val_size: int | float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (train, val) of a seeded random split of range(n), each in increasing order:
+    `val_size` images (an int) or that fraction of them (a float below 1) go to validation."""
+    count = round(val_size * n) if isinstance(val_size, float) else val_size
+    require(1 <= count < n, f"val_size={val_size} leaves no training or no validation images of {n}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return order[count:].sort().values, order[:count].sort().values
+
+
+class InMemory(Dataset):
+    """A split held in memory: `images` (N, C, H, W), uint8 or float in [0, 1], and `labels` (N,),
+    indexed a whole batch at a time: the loader's batch sampler hands `__getitems__` a batch of
+    indices, and it returns the batch with one index operation. Images come out float32 in
+    [0, 1], ready for the model, unless `raw` (training: uint8 batches, which the data module
+    augments and converts on the device)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, raw: bool = False):
+        self.images, self.labels, self.raw = images, labels, raw
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        images = self.images[index]
+        return (images if self.raw else to_float(images)), self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self[torch.as_tensor(indices)]
+
+
+def whole_batch(batch):
+    """collate_fn for `InMemory`: the batch is already made."""
+    return batch
+
+
+def batches(dataset: InMemory, batch_size: int, shuffle: bool = False, num_workers: int = 0) -> DataLoader:
+    """The loader of every data module: whole batches of an `InMemory` split (training drops a
+    last partial batch)."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=shuffle and len(dataset) > batch_size,
+        collate_fn=whole_batch,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
+class ImageDataModule(L.LightningDataModule):
+    """What CIFAR10, ImageFolders and FashionMNIST share: splits decoded once into uint8 tensors,
+    held-out validation, whole-batch loaders and batched augmentation on the device.
+
+    `split(name)` and the validation, test and predict loaders give float32 images in [0, 1]
+    ready for the model. The training loader yields uint8 images; `on_after_batch_transfer`
+    augments them and converts them to float in [0, 1] (see `augment`). Subclasses pass their
+    `preparation` (from `preparation_for`, which also reads it from a checkpoint's
+    hyper-parameters) to this constructor and implement `read_split`.
+    """
+
+    has_val_split = False  # True when the data has its own validation split; else it is held out
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        preparation: Preparation,
+        val_size: int | float,
+        batch_size: int = 128,
+        seed: int = 0,  # draws the held-out validation images
+        crop_padding: int = 4,  # random crops of the image padded by this many zero pixels; 0: none
+        flip: bool = True,  # random horizontal flips
+        policy: Literal["none", "trivial", "randaugment"] = "none",
+        policy_groups: int = 16,  # a policy draws one operation per group of the batch
+        mixup_alpha: float = 0.0,  # 0: no MixUp
+        cutmix_alpha: float = 0.0,  # 0: no CutMix; with both, each batch uses one of the two
+        num_workers: int = 0,  # whole-batch indexing of a tensor in memory needs no workers
+    ):
+        super().__init__()
+        require(batch_size >= 1, f"batch_size={batch_size} must be at least 1")
+        require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
+        require(crop_padding >= 0, f"crop_padding={crop_padding} must be >= 0")
+        require(
+            policy in ("none", *POLICIES), f"unknown policy {policy!r}; choose none, {', '.join(POLICIES)}"
+        )
+        require(policy_groups >= 1, f"policy_groups={policy_groups} must be at least 1")
+        require(mixup_alpha >= 0 and cutmix_alpha >= 0, "mixup_alpha and cutmix_alpha must be >= 0")
+        valid_fraction = isinstance(val_size, float) and 0 < val_size < 1
+        require(
+            valid_fraction or (isinstance(val_size, int) and val_size >= 1),
+            f"val_size={val_size} must be a count (an integer >= 1) or a fraction in (0, 1)",
+        )
+        self.root = Path(root).expanduser()
+        self.preparation = preparation
+        self.classes = list(preparation.classes)
+        self.num_classes = len(self.classes)
+        height, width = preparation.size
+        self.image_size = height if height == width else (height, width)
+        self.in_channels = preparation.channels
+        self.val_size, self.batch_size, self.seed, self.num_workers = val_size, batch_size, seed, num_workers
+        self.crop_padding, self.flip, self.policy_groups = crop_padding, flip, policy_groups
+        self.policy = POLICIES[policy]() if policy != "none" else None
+        mixes = [
+            mix(alpha=alpha, num_classes=self.num_classes)
+            for mix, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha))
+            if alpha > 0
+        ]
+        self.mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
+        self.splits: dict[str, InMemory] = {}  # name -> uint8 images and labels, read on first use
+
+    @classmethod
+    def preparation_for(cls, hparams: dict) -> Preparation:
+        """How this data module prepares images, from its constructor's arguments (or a
+        checkpoint's record of them), without reading any file."""
+        raise NotImplementedError
+
+    def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images (N, C, H, W) and int64 labels (N,) of split "train", "test" (and "val"
+        when `has_val_split`)."""
+        raise NotImplementedError
+
+    def split(self, name: str) -> InMemory:
+        """Split "train", "val" or "test": its images come out float32 in [0, 1], ready for the
+        model (`.images` holds them as uint8). Read on first use."""
+        if name not in self.splits:
+            if name in ("train", "val") and not self.has_val_split:
+                images, labels = self.read_split("train")
+                train, val = holdout(len(labels), self.val_size, self.seed)
+                self.splits["train"] = InMemory(images[train], labels[train])
+                self.splits["val"] = InMemory(images[val], labels[val])
+            else:
+                self.splits[name] = InMemory(*self.read_split(name))
+        return self.splits[name]
+
+    def setup(self, stage: str) -> None:
+        wanted = {"fit": ("train", "val"), "validate": ("val",)}
+        for name in wanted.get(stage, ("test",)):
+            self.split(name)
+
+    def train_dataloader(self) -> DataLoader:
+        train = self.split("train")
+        return batches(
+            InMemory(train.images, train.labels, raw=True), self.batch_size, True, self.num_workers
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return batches(self.split("val"), self.batch_size, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return batches(self.split("test"), self.batch_size, num_workers=self.num_workers)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+    def augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch of uint8 images (B, C, H, W), on any device -> augmented float32 images
+        in [0, 1], and the labels: (B,) class indices, or (B, num_classes) probabilities when MixUp
+        or CutMix is on.
+
+        Crops and flips draw per image. A torchvision v2 policy draws one operation and magnitude
+        per call, for the whole tensor it is given, so it is applied to `policy_groups` groups of
+        the batch separately: images of a group share a draw, different groups do not."""
+        images = random_crop_flip(images, self.crop_padding, self.flip)
+        if self.policy is not None:
+            images = torch.cat([self.policy(group) for group in images.chunk(self.policy_groups)])
+        images = to_float(images)
+        if self.mix is not None:
+            images, labels = self.mix(images, labels)
+        return images, labels
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if self.trainer is not None and self.trainer.training:
+            return self.augment(*batch)
+        return batch
+
+
+class CIFAR10(ImageDataModule):
+    """CIFAR-10: 32x32 RGB images of 10 classes, 50,000 for training and 10,000 for testing.
+
+    `root` holds either torchvision's copy, `root/cifar-10-batches-py/` (downloaded there with
+    `download: true` where there is network), or image folders `root/train/<class>/*` and
+    `root/test/<class>/*` named after the 10 classes (such as a JPEG copy; decoded once and
+    cached). `val_size` training images, drawn with `seed`, are held out for validation; the test
+    split is used only by `test`.
+    """
+
+    def __init__(self, root: str = "data/cifar10", download: bool = False, val_size: int = 5000, **kwargs):
+        super().__init__(root, preparation=self.preparation_for({}), val_size=val_size, **kwargs)
+        self.save_hyperparameters()
+        self.download = download
+        if (self.root / "cifar-10-batches-py").is_dir() or (download and not (self.root / "train").is_dir()):
+            self.layout = "torchvision"
+        elif (self.root / "train").is_dir():
+            self.layout = "folders"
+            check_same_classes(self.root / "train", CIFAR10_CLASSES, Path("CIFAR-10"))
+        else:
+            raise DataNotFoundError(self.where_to_put_files())
+
+    @classmethod
+    def preparation_for(cls, hparams: dict) -> Preparation:
+        return Preparation(channels=3, size=32, classes=CIFAR10_CLASSES)
+
+    def where_to_put_files(self) -> str:
+        return (
+            f"CIFAR-10 not found in {self.root}: put torchvision's cifar-10-batches-py folder there "
+            f"(extracted from cifar-10-python.tar.gz; download: true fetches it where there is network), "
+            f"or image folders {self.root}/train/<class>/ and {self.root}/test/<class>/"
+        )
+
+    def prepare_data(self) -> None:
+        if self.layout == "torchvision" and self.download:
+            from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
+
+            try:
+                for train in (True, False):
+                    TorchvisionCIFAR10(str(self.root), train=train, download=True)
+            except (OSError, RuntimeError) as e:
+                raise DataError(f"download failed ({one_line(e)}); {self.where_to_put_files()}") from e
+
+    def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layout == "folders":
+            if not (self.root / name).is_dir():
+                raise DataNotFoundError(
+                    f"CIFAR-10 {name} images not found: expected {self.root}/{name}/<class>/"
+                )
+            check_same_classes(self.root / name, CIFAR10_CLASSES, Path("CIFAR-10"))
+            return read_image_folder(self.root, name, self.classes, self.preparation, on_bad_file="error")
+        from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
+
+        try:
+            data = TorchvisionCIFAR10(str(self.root), train=name == "train", download=False)
+        except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+            raise DataNotFoundError(f"{one_line(e)} ({self.root}); {self.where_to_put_files()}") from e
+        images = torch.from_numpy(data.data).permute(0, 3, 1, 2).contiguous()  # (N, H, W, C) -> (N, C, H, W)
+        return images, torch.tensor(data.targets, dtype=torch.int64)
+
+
+class ImageFolders(ImageDataModule):
+    """Folders of image files: `root/train/<class>/*`, and `root/val/` and/or `root/test/` with the
+    same class folders. Classes are the sorted folder names, or `classes` in the order given
+    (checkpoints record them, and a folder evaluated later must have the same class folders).
+
+    Images of any size and mode (grayscale, palette, RGBA, ...) are converted to RGB, or to
+    grayscale with `channels: 1`, and resized to `image_size` x `image_size` (bilinear):
+    stretched to the square (`resize: stretch`, the default), or with `resize: center_crop` scaled so
+    that the shorter side fits, the aspect ratio kept, and the centre square cropped (like
+    torchvision's Resize then CenterCrop); the same for images given later to vit-eval's predict
+    and vit-attention. Without `root/val/`, `val_size` training images (a count, or a fraction below 1) drawn
+    with `seed` are held out for validation. A file that cannot be decoded stops the run with an
+    error naming it (`on_bad_file: error`) or is skipped and counted (`skip`). Decoded splits are
+    cached (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int = 32,
+        channels: Literal[1, 3] = 3,
+        val_size: int | float = 0.1,
+        on_bad_file: Literal["error", "skip"] = "error",
+        classes: list[str] | None = None,  # label order; default: the sorted train class folders
+        resize: Literal["stretch", "center_crop"] = "stretch",
+        **kwargs,
+    ):
+        require(image_size >= 1, f"image_size={image_size} must be at least 1")
+        require(on_bad_file in ("error", "skip"), f"on_bad_file={on_bad_file!r} must be 'error' or 'skip'")
+        train = Path(root).expanduser() / "train"
+        absent = (
+            f"image folder not found: {train} (ImageFolders reads {root}/train/<class>/<images> "
+            f"and {root}/val/ and/or {root}/test/ alike)"
+        )
+        if not train.is_dir():
+            raise DataNotFoundError(absent)
+        if classes is None:
+            classes = class_folders(train)
+        else:
+            require(len(set(classes)) == len(classes), f"classes={classes} names a class twice")
+            check_same_classes(train, classes, "the classes given (a checkpoint's: its model's outputs)")
+        preparation = self.preparation_for(
+            {"image_size": image_size, "channels": channels, "resize": resize, "classes": classes}
+        )
+        super().__init__(root, preparation=preparation, val_size=val_size, **kwargs)
+        self.save_hyperparameters()
+        # recorded in checkpoints, so that old checkpoints (without a preparation) name their classes
+        self.hparams["classes"] = self.classes
+        self.on_bad_file = on_bad_file
+        self.has_val_split = (self.root / "val").is_dir()
+        for name in ("val", "test"):
+            if (self.root / name).is_dir():
+                check_same_classes(self.root / name, classes, train)
+
+    @classmethod
+    def preparation_for(cls, hparams: dict) -> Preparation:
+        return Preparation(
+            channels=hparams.get("channels", 3),
+            size=hparams.get("image_size", 32),
+            resize=hparams.get("resize", "stretch"),  # older checkpoints: stretched
+            classes=hparams["classes"],
+        )
+
+    def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (self.root / name).is_dir():
+            raise DataNotFoundError(f"no {name} split: {self.root / name} does not exist")
+        return read_image_folder(self.root, name, self.classes, self.preparation, self.on_bad_file)
+
+
+class FashionMNIST(ImageDataModule):
+    """Fashion-MNIST (Xiao et al. 2017): 28x28 grayscale images of 10 kinds of clothing, 60,000
+    for training and 10,000 for testing, from the original gzip IDX files.
+
+    `root` holds `train-images-idx3-ubyte.gz`, `train-labels-idx1-ubyte.gz`,
+    `t10k-images-idx3-ubyte.gz` and `t10k-labels-idx1-ubyte.gz` (or the same names without .gz),
+    directly or in torchvision's layout `root/FashionMNIST/raw/`. Debian's package
+    `dataset-fashion-mnist` installs them in the default `root`. Patch sizes 4 and 7 divide 28;
+    `image_size: 32` pads every image with 2 black pixels on each side, for patch size 8 or 16.
+    """
+
+    def __init__(
+        self,
+        root: str = "/usr/share/datasets/fashion-mnist",
+        image_size: int = 28,
+        val_size: int | float = 5000,
+        **kwargs,
+    ):
+        require(
+            image_size >= 28 and image_size % 2 == 0,
+            f"image_size={image_size} must be 28, or an even size above it (the images are padded)",
+        )
+        preparation = self.preparation_for({"image_size": image_size})
+        super().__init__(root, preparation=preparation, val_size=val_size, **kwargs)
+        self.save_hyperparameters()
+        self.files = self.find_files()
+        if self.files is None:
+            raise DataNotFoundError(self.where_to_put_files())
+
+    @classmethod
+    def preparation_for(cls, hparams: dict) -> Preparation:
+        """28x28 pictures, in a black border up to `image_size`."""
+        size = hparams.get("image_size", 28)
+        return Preparation(channels=1, size=size, pad=(size - 28) // 2, classes=FASHION_MNIST_CLASSES)
+
+    def find_files(self) -> dict[str, Path] | None:
+        """The four files, gzipped or not, in `root` or torchvision's `root/FashionMNIST/raw`."""
+        for folder in (self.root, self.root / "FashionMNIST" / "raw"):
+            found = {}
+            for name in FASHION_MNIST_NAMES:
+                for path in (folder / f"{name}.gz", folder / name):
+                    if path.is_file():
+                        found[name] = path
+                        break
+            if len(found) == len(FASHION_MNIST_NAMES):
+                return found
+        return None
+
+    def where_to_put_files(self) -> str:
+        expected = ", ".join(name + ".gz" for name in FASHION_MNIST_NAMES)
+        return (
+            f"Fashion-MNIST not found: expected {expected} in {self.root} "
+            f"or {self.root}/FashionMNIST/raw (Debian: apt-get install dataset-fashion-mnist puts them "
+            f"in /usr/share/datasets/fashion-mnist)"
+        )
+
+    def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        image_file, label_file = (self.files[n] for n in FASHION_MNIST_FILES[name])
+        images, labels = read_idx(image_file), read_idx(label_file)
+        if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
+            raise DataError(
+                f"{image_file} holds images of shape {tuple(images.shape)} and {label_file} labels of "
+                f"shape {tuple(labels.shape)}; expected (N, 28, 28) and (N,)"
+            )
+        if labels.max() >= len(FASHION_MNIST_CLASSES):
+            raise DataError(f"{label_file} holds label {int(labels.max())}; Fashion-MNIST has 10 classes")
+        border = self.preparation.pad
+        return F.pad(images[:, None], (border,) * 4), labels.long()

@@ -1,0 +1,105 @@
+"""How an image becomes model input: one small description, and the one function that applies it.
+
+A `Preparation` says how a picture of any size and mode becomes what a model saw in training:
+its channels (grayscale or RGB), its size, how it is fitted to that size (stretched, or the
+shorter side fitted and the centre cropped; then an optional black border), and the class names
+of the model's outputs. A data module produces one (`datamodule.preparation`), vit-train stores
+it in every checkpoint, and every command prepares image files with it, so a checkpoint is enough
+to classify or draw image files: no data module, no data files. Like timm's `pretrained_cfg` and
+Hugging Face's `preprocessor_config.json`, minus the mean/std: images stay in [0, 1] here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageOps
+
+from vit.errors import DataError, one_line, require
+
+MODES = {1: "L", 3: "RGB"}  # channels -> Pillow mode
+RESIZES = ("stretch", "center_crop")
+# what Pillow raises for a file it cannot decode
+BAD_IMAGE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """How a picture becomes a model input of `channels` x `size`.
+
+    The picture is converted to grayscale or RGB (alpha dropped; a palette image goes through RGBA
+    so its transparency is read too), resized with bilinear filtering to `size` less a border of
+    `pad` black pixels on each side (`resize`: "stretch" to it, or "center_crop": scaled so that
+    it covers it with the aspect ratio kept, then cropped around the centre, like torchvision's
+    Resize then CenterCrop; PIL crops before it resizes, so edge pixels can differ slightly),
+    then padded with that border (Fashion-MNIST's 28x28 images in a 32x32 model).
+    """
+
+    channels: int  # 1 (grayscale) or 3 (RGB)
+    size: tuple[int, int]  # (height, width) of the model input
+    resize: str = "stretch"
+    pad: int = 0
+    classes: tuple[str, ...] = field(default=())  # names of the model's outputs, in order
+
+    def __post_init__(self):
+        size = (self.size, self.size) if isinstance(self.size, int) else tuple(int(s) for s in self.size)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+        require(self.channels in MODES, f"channels={self.channels} must be 1 (grayscale) or 3 (RGB)")
+        require(self.resize in RESIZES, f"resize={self.resize!r} must be 'stretch' or 'center_crop'")
+        require(self.pad >= 0, f"pad={self.pad} must be >= 0")
+        require(min(size) > 2 * self.pad, f"size={size} leaves no room inside a border of {self.pad}")
+
+    @property
+    def mode(self) -> str:
+        return MODES[self.channels]
+
+    def to_dict(self) -> dict:
+        """Plain lists, strings and numbers: what a checkpoint stores."""
+        return {**asdict(self), "size": list(self.size), "classes": list(self.classes)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Preparation:
+        return cls(**values)
+
+    def pixels(self, image: Image.Image) -> torch.Tensor:
+        """A PIL image -> uint8 (C, H, W), prepared as described above."""
+        height, width = (s - 2 * self.pad for s in self.size)
+        if image.mode == "P":
+            image = image.convert("RGBA")
+        if image.mode != self.mode:
+            image = image.convert(self.mode)
+        if image.size != (width, height):
+            if self.resize == "center_crop":
+                image = ImageOps.fit(image, (width, height), Image.Resampling.BILINEAR)
+            else:
+                image = image.resize((width, height), Image.Resampling.BILINEAR)
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        pixels = pixels.view(height, width, self.channels).permute(2, 0, 1)
+        return F.pad(pixels, (self.pad,) * 4) if self.pad else pixels
+
+
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float32 in [0, 1], the form every model input takes (float stays as it is)."""
+    return images.float().div_(255) if images.dtype == torch.uint8 else images
+
+
+def prepare(pictures: list[Image.Image], preparation: Preparation) -> torch.Tensor:
+    """PIL images -> float32 (N, C, H, W) in [0, 1], ready for the model."""
+    return to_float(torch.stack([preparation.pixels(picture) for picture in pictures]))
+
+
+def read_images(files: list[str | Path], preparation: Preparation) -> torch.Tensor:
+    """Image files -> float32 (N, C, H, W) in [0, 1]; a file Pillow cannot read is a DataError
+    that names it."""
+    images = []
+    for file in files:
+        try:
+            with Image.open(file) as picture:
+                images.append(preparation.pixels(picture))
+        except BAD_IMAGE as e:
+            raise DataError(f"cannot read image {file}: {one_line(e)}") from e
+    return to_float(torch.stack(images))
