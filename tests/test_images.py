@@ -388,8 +388,11 @@ def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(
     root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
     cli.main(train_args(root, runs, "--data.resize", "center_crop"))
     ckpt = runs / "folders" / "version_0" / "checkpoints" / "last.ckpt"
-    recorded = torch.load(ckpt, weights_only=True)["datamodule_hyper_parameters"]
-    assert recorded["classes"] == ["ant", "bee", "cat"] and recorded["resize"] == "center_crop"
+    recorded = torch.load(ckpt, weights_only=True)
+    assert recorded["datamodule_hyper_parameters"]["classes"] == ["ant", "bee", "cat"]
+    assert recorded["preparation"] == {
+        "channels": 3, "size": [16, 16], "resize": "center_crop", "pad": 0, "classes": ["ant", "bee", "cat"]
+    }  # fmt: skip
     picture = tmp_path / "photo.png"
     write_image(picture, 120, "RGB", (40, 22))
     shutil.rmtree(root)

@@ -1,0 +1,2 @@
+"""The commands, one module each: `train` (vit-train), `eval` (vit-eval), `attention`
+(vit-attention), and `base`, what they share (parsing, one-line errors, exit codes)."""
