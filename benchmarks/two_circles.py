@@ -82,9 +82,9 @@ def models(fields: list[int], cnn_width: int) -> dict[str, dict]:
 def correct_by_image(model: Classifier, data: TwoCircles, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Per test image: whether the model is right, and the circles' separation in pixels."""
     model.eval()
-    images, labels = data.split(split).images, data.split(split).labels
+    images, labels = data.split(split)[:]
     predicted = torch.cat([model(x).argmax(-1) for x in images.split(512)])
-    centres = data.centres[split]
+    centres = data.circle_centres(split)
     period = float(data.hparams.image_size) if data.hparams.wrap else None
     return predicted == labels, torus_delta(centres[:, 0], centres[:, 1], period).norm(dim=-1)
 
@@ -128,7 +128,7 @@ def attention_analysis(model: ViTClassifier, data: TwoCircles, out: Path, n: int
     the query being a patch of the first circle."""
     vit = model.model.eval()
     images = data.split("test").images[:n]
-    masks = circle_patch_masks(data.centres["test"][:n], data.hparams.image_size, data.hparams.radius,
+    masks = circle_patch_masks(data.circle_centres("test")[:n], data.hparams.image_size, data.hparams.radius,
                                vit.patch_size)  # fmt: skip
     first, second = masks[:, 0] & ~masks[:, 1], masks[:, 1] & ~masks[:, 0]
     weights = attention_weights(vit, images)  # (layers, images, heads, T, T)

@@ -8,6 +8,7 @@ from helpers import command_error, tiny_args
 from PIL import Image
 
 from vit.commands import attention, eval, train
+from vit.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +65,35 @@ def test_a_bad_checkpoint_is_one_line_and_writes_nothing(
     assert status == 1 and str(ckpt) in message and PROBLEMS[problem] in message, message
     assert not out.exists() and list(tmp_path.iterdir()) == []
     assert not (bad_checkpoints["folder"] / "marker").exists()
+
+
+def test_a_truncated_last_checkpoint_is_one_line_when_fit_resumes_it(bad_checkpoints, tmp_path, capsys):
+    """`fit --ckpt_path last` finds runs/<name>/*/checkpoints/last.ckpt itself: a file cut short
+    (a run killed while saving) is refused before Lightning writes anything into that run."""
+    runs = tmp_path / "runs"
+    folder = runs / "tiny" / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "last.ckpt").write_bytes(bad_checkpoints["truncated"].read_bytes())
+    for version in ([], ["--trainer.logger.init_args.version", "0"]):  # newest, or the named run
+        status, message = command_error(
+            train.main, ["fit", *tiny_args(runs), *version, "--ckpt_path", "last"], capsys
+        )
+        assert status == 1 and f"{folder / 'last.ckpt'} is not a readable checkpoint" in message
+        assert [p.name for p in (runs / "tiny" / "version_0").iterdir()] == ["checkpoints"]
+
+
+def test_preparations_of_older_or_broken_checkpoints(trained, tmp_path):
+    """A checkpoint without a preparation: from its data module's record (image folders from
+    before class names were kept: numbered); a broken preparation: one line naming the file."""
+    from vit.checkpoint import load_model
+
+    model, _ = trained
+    base = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
+    old_folders = {"_class_path": "vit.images.ImageFolders", "root": "gone", "image_size": 32, "channels": 1}
+    torch.save({**base, "datamodule_hyper_parameters": old_folders}, tmp_path / "old.ckpt")
+    _, preparation = load_model(tmp_path / "old.ckpt")
+    assert preparation.classes == ("0", "1", "2", "3") and preparation.channels == 1
+    torch.save({**base, "preparation": {"channels": 2, "size": [32, 32]}}, tmp_path / "broken.ckpt")
+    with pytest.raises(ValueError, match="broken.ckpt does not say how to prepare images") as error:
+        load_model(tmp_path / "broken.ckpt")
+    assert not isinstance(error.value, UsageError)  # a bad file, not a bad option: exit status 1

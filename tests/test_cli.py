@@ -40,7 +40,7 @@ def test_fit_test_predict_and_attention(runs, capsys):
     minutes = [float(r["time/minutes"]) for r in rows if r.get("time/minutes")]  # one per epoch
     assert len(minutes) == len([r for r in rows if r.get("val/acc")]) and 0 < minutes[0] <= minutes[-1]
     saved = (run / "config.yaml").read_text()
-    assert "preset: micro" in saved and "class_path: vit.data.TwoCircles" in saved
+    assert "preset: micro" in saved and "class_path: vit.two_circles.TwoCircles" in saved
 
     best = run / "checkpoints" / "best.ckpt"
     tested = cli.run(["test", *tiny_args(runs), "--ckpt_path", str(best)])

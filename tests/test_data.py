@@ -119,7 +119,12 @@ def test_test_split_does_not_depend_on_train_size():
 def test_test_split_choice():
     dm = TwoCircles(num_train=64, num_test=32, test_split="far")
     dm.setup("test")
-    assert dm.test_dataloader().dataset is dm.splits["far"]
+    assert dm.test_dataloader().dataset is dm.splits["far"] is dm.split("test")
+    assert dm.split("iid") is dm.splits["test"] and dm.split("far") is dm.splits["far"]
+    # the centres of a split are those of its images, whatever name it was asked by
+    assert dm.circle_centres("test") is dm.centres["far"] and dm.circle_centres("iid") is dm.centres["test"]
+    with pytest.raises(ValueError, match="no split 'tset'"):
+        dm.split("tset")
 
 
 @pytest.mark.parametrize(

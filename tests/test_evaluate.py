@@ -196,7 +196,7 @@ def test_predict_on_files_of_any_size_and_mode(trained_checkpoint, trained, tmp_
     assert sum(c["probability"] for c in result["top_k"]) == pytest.approx(1.0, abs=1e-5)
 
 
-def test_preprocess_gives_what_the_model_sees(trained):
+def test_the_preparation_gives_what_the_model_sees(trained):
     _, data = trained
     images = data.splits["test"].images[:3]  # (3, 1, 32, 32) in [0, 1]
     pictures = [Image.fromarray((x[0] * 255).round().to(torch.uint8).numpy()) for x in images]
@@ -233,10 +233,10 @@ def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path, capsy
     "options, message, status",
     [
         (["--ckpt", "{tmp}/nope.ckpt"], "error: checkpoint not found: {tmp}/nope.ckpt", 1),
-        (["--data", "colour=red"], "error: TwoCircles has no option colour; it has image_size, radius,", 1),
+        (["--data", "colour=red"], "error: TwoCircles has no option colour; it has image_size, radius,", 2),
         (["--data", "test_split"], "error: --data 'test_split' is not KEY=VALUE", 2),
         (["--data", "test_split=sideways"], "error: unknown test_split 'sideways'", 2),
-        (["--data", "separation=5"], "with {'separation': 5}: cannot unpack", 1),
+        (["--data", "separation=5"], "with {'separation': 5}: cannot unpack", 2),
         (["--split", "train"], "error: argument --split: invalid choice: 'train'", 2),
         (["--batch-size", "0"], "error: batch_size=0 must be at least 1", 2),
         (["--out", "{tmp}/file.txt"], "error: --out {tmp}/file.txt is a file, not a folder", 2),

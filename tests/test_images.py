@@ -33,7 +33,7 @@ from vit.datamodules import (
     holdout,
     random_crop_flip,
 )
-from vit.errors import DataError, DataNotFoundError
+from vit.errors import DataError, DataNotFoundError, UsageError
 from vit.preparation import Preparation, prepare
 from vit.two_circles import TwoCircles
 
@@ -123,6 +123,15 @@ def test_cache_is_written_reused_and_rebuilt(tmp_path, monkeypatch):
     write_image(tmp_path / "train" / "ant" / "00.png", 99, "RGB", (3, 3))  # a file changes
     changed = train_values()
     assert len(calls) == 3 and 99 in changed and 1 not in changed
+
+
+def test_bad_values_are_bad_usage_before_the_folders_are_looked_at(tmp_path):
+    for options, message in (({"channels": 2}, "channels=2 must be 1"), ({"resize": "squash"}, "resize=")):
+        with pytest.raises(UsageError, match=message):
+            ImageFolders(str(tmp_path / "nowhere"), **options)
+    data = ImageFolders(str(make_folders(tmp_path)), image_size=4, val_size=2)
+    with pytest.raises(UsageError, match="no split 'validation'"):
+        data.split("validation")
 
 
 def test_a_corrupt_cache_is_rebuilt_with_a_warning(tmp_path, capsys):
@@ -255,7 +264,7 @@ def test_fashion_mnist_reads_idx_files(tmp_path, layout):
     x32, _ = next(iter(padded.test_dataloader()))
     assert x32.shape == (4, 1, 32, 32) and torch.equal(x32[:, :, 2:30, 2:30], x)
     assert x32[:, :, :2].abs().sum() == 0  # black border
-    # preprocess of the same pictures as PIL images gives what the test loader gives
+    # the preparation of the same pictures as PIL images gives what the test loader gives
     pictures = [Image.fromarray((image[0] * 255).round().byte().numpy()) for image in x]
     assert torch.equal(prepare(pictures, padded.preparation), x32)
 
@@ -264,7 +273,7 @@ def test_fashion_mnist_reads_idx_files(tmp_path, layout):
         FashionMNIST(str(tmp_path))
 
 
-def test_preprocess_matches_the_test_loader(tmp_path):
+def test_prepared_files_match_the_test_loader(tmp_path):
     root = make_folders(tmp_path)
     write_image(root / "test" / "bee" / "09.jpg", 77, "RGB", (50, 37))
     data = ImageFolders(str(root), image_size=12, val_size=2)
@@ -442,7 +451,7 @@ def test_cifar10_and_fashion_mnist_need_their_files_but_not_for_their_preparatio
 def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
     """`resize: center_crop` scales a wide image so that its height fits and keeps the centre square
     (torchvision's Resize then CenterCrop); the default stretches the whole image into the
-    square. Splits, preprocess (vit-attention, predict) and the cache agree."""
+    square. Splits, the preparation (vit-attention, predict) and the cache agree."""
     root = make_folders(tmp_path)
     wide = Image.new("RGB", (60, 20), (0, 0, 255))  # blue | green | red, in thirds
     wide.paste((0, 255, 0), (20, 0, 40, 20))

@@ -101,14 +101,18 @@ def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path)
         (["--target", "7"], "target=7 is not a class of this model"),
         (["--discard_ratio", "1.5"], "discard_ratio=1.5 must lie in [0, 1)"),
         (["--layer", "last"], 'Parser key "layer"'),
+        (["--out", "{tmp}/file.txt"], "--out {tmp}/file.txt is a file, not a folder"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, capsys, options, message):
+    (tmp_path / "file.txt").write_text("the user's")
+    options = [str(o).replace("{tmp}", str(tmp_path)) for o in options]
+    message = message.replace("{tmp}", str(tmp_path))
     status, error = command_error(
         main, ["--ckpt", trained_checkpoint, "--out", tmp_path / "out", *options], capsys
     )
     assert status == (1 if "not found" in message else 2) and message in error
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "the user's"
 
 
 def test_shell_spellings_of_the_options():
@@ -147,7 +151,7 @@ def test_mosaic_and_figures(tmp_path):
     assert height > width  # 3 rows of 2
 
 
-def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp_path, monkeypatch):
+def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp_path, monkeypatch, capsys):
     import vit.plot
 
     saved = []
@@ -159,8 +163,8 @@ def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp
         return saved[-1]
 
     monkeypatch.setattr(vit.plot, "save_figure", save_then_fail)  # save_all writes through it
-    with pytest.raises(OSError, match="disk full"):
-        run("--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "2")
+    args = ["--ckpt", trained_checkpoint, "--out", tmp_path / "out", "--num_images", "2"]
+    assert command_error(main, args, capsys) == (1, "error: disk full")  # one line, not a traceback
     assert saved and not saved[0].exists() and not (tmp_path / "out").exists()
 
 

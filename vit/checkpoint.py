@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import pickle
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -20,7 +21,7 @@ import torch
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
-from vit.errors import one_line
+from vit.errors import UsageError, one_line
 from vit.preparation import Preparation
 from vit.two_circles import TwoCircles
 
@@ -127,18 +128,19 @@ def preparation_of(ckpt: dict, model: Classifier, path: str | Path) -> Preparati
     """How image files become the input of a checkpoint's model: the preparation vit-train stored;
     for older checkpoints, the one its data module's recorded arguments describe; for a checkpoint
     without a data module, the model's channels and image size, its classes named by number."""
+    hparams = model.hparams
+    numbered = [str(i) for i in range(hparams.num_classes)]
     try:
         if "preparation" in ckpt:
             return Preparation.from_dict(ckpt["preparation"])
         if dm_hparams := ckpt.get("datamodule_hyper_parameters"):
-            return _datamodule_class(dm_hparams, path).preparation_for(_public(dm_hparams))
-    except (TypeError, KeyError) as e:
+            preparation = _datamodule_class(dm_hparams, path).preparation_for(_public(dm_hparams))
+            # image folders recorded no class names before they were kept: number them
+            return preparation if preparation.classes else replace(preparation, classes=numbered)
+    except (TypeError, KeyError, ValueError) as e:  # ValueError: a bad value (UsageError)
         raise ValueError(f"{path} does not say how to prepare images ({type(e).__name__}: {e})") from e
-    hparams = model.hparams
     return Preparation(
-        channels=hparams.get("in_channels", 3),
-        size=hparams.get("image_size", 32),
-        classes=[str(i) for i in range(hparams.num_classes)],
+        channels=hparams.get("in_channels", 3), size=hparams.get("image_size", 32), classes=numbered
     )
 
 
@@ -163,16 +165,16 @@ def load_checkpoint(
     dm_hparams = ckpt.get("datamodule_hyper_parameters")
     if not dm_hparams:
         if data:
-            raise ValueError(f"{path} names no data module, so there is none to change with {data}")
+            raise UsageError(f"{path} names no data module, so there is none to change with {data}")
         return model, None
     cls = _datamodule_class(dm_hparams, path)
     options = _options(cls)
     unknown = sorted(set(data) - set(options))
     if unknown:
-        raise ValueError(f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}")
+        raise UsageError(f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}")
     try:
         datamodule = cls(**{**_public(dm_hparams), **data})
     except TypeError as e:  # a value of the wrong type, found by the constructor
         given = f" with {data}" if data else ""
-        raise ValueError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e
+        raise UsageError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e
     return model, datamodule

@@ -25,6 +25,7 @@ pixels exactly, and [0, 1] images can be drawn as they are.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -193,6 +194,7 @@ class ImageDataModule(L.LightningDataModule):
     def split(self, name: str) -> InMemory:
         """Split "train", "val" or "test": its images come out float32 in [0, 1], ready for the
         model (`.images` holds them as uint8). Read on first use."""
+        require(name in ("train", "val", "test"), f"no split {name!r}; choose one of train, val, test")
         if name not in self.splits:
             if name in ("train", "val") and not self.has_val_split:
                 images, labels = self.read_split("train")
@@ -334,6 +336,8 @@ class ImageFolders(ImageDataModule):
         **kwargs,
     ):
         require(image_size >= 1, f"image_size={image_size} must be at least 1")
+        # the values first (a bad value is bad usage, whatever the folders hold)
+        preparation = self.preparation_for({"image_size": image_size, "channels": channels, "resize": resize})
         require(on_bad_file in ("error", "skip"), f"on_bad_file={on_bad_file!r} must be 'error' or 'skip'")
         train = Path(root).expanduser() / "train"
         absent = (
@@ -347,9 +351,7 @@ class ImageFolders(ImageDataModule):
         else:
             require(len(set(classes)) == len(classes), f"classes={classes} names a class twice")
             check_same_classes(train, classes, "the classes given (a checkpoint's: its model's outputs)")
-        preparation = self.preparation_for(
-            {"image_size": image_size, "channels": channels, "resize": resize, "classes": classes}
-        )
+        preparation = replace(preparation, classes=classes)
         super().__init__(root, preparation=preparation, val_size=val_size, **kwargs)
         self.save_hyperparameters()
         # recorded in checkpoints, so that old checkpoints (without a preparation) name their classes
@@ -366,7 +368,7 @@ class ImageFolders(ImageDataModule):
             channels=hparams.get("channels", 3),
             size=hparams.get("image_size", 32),
             resize=hparams.get("resize", "stretch"),  # older checkpoints: stretched
-            classes=hparams["classes"],
+            classes=hparams.get("classes") or (),  # recorded by checkpoints since they have folders
         )
 
     def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ from vit.errors import DataError, one_line, require
 
 MODES = {1: "L", 3: "RGB"}  # channels -> Pillow mode
 RESIZES = ("stretch", "center_crop")
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 # what Pillow raises for a file it cannot decode
 BAD_IMAGE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
@@ -103,3 +104,19 @@ def read_images(files: list[str | Path], preparation: Preparation) -> torch.Tens
         except BAD_IMAGE as e:
             raise DataError(f"cannot read image {file}: {one_line(e)}") from e
     return to_float(torch.stack(images))
+
+
+def image_files(paths: list[Path]) -> list[Path]:
+    """The files named, and the image files in the folders named (sorted), in order."""
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise FileNotFoundError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {path}")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"image not found: {path}")
+    return files

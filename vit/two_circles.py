@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vit.datamodules import InMemory, batches
-from vit.errors import require
+from vit.errors import UsageError, require
 from vit.preparation import Preparation
 
 # Orientation (degrees) of the line joining the two centres, per class; y points up as in maths.
@@ -87,7 +87,7 @@ def make_two_circles(
         while (held := (mid < size / 4).all(dim=1)).any():
             mid[held] = torch.rand(int(held.sum()), 2, generator=g) * size
     elif midpoints != "all":
-        raise ValueError(f"midpoints must be 'all', 'inside' or 'outside', got {midpoints!r}")
+        raise UsageError(f"midpoints must be 'all', 'inside' or 'outside', got {midpoints!r}")
     centres = torch.remainder(torch.stack((mid - offset / 2, mid + offset / 2), dim=1), size)
 
     period = size if wrap else None
@@ -162,8 +162,7 @@ class TwoCircles(L.LightningDataModule):
             else:
                 require(hi + 2 * radius + 1 <= image_size, f"{name}={(lo, hi)} does not fit in the image")
         require(wrap or not holdout_midpoints, "holdout_midpoints needs wrap=true")
-        if not 0 <= angle_jitter < 22.5:
-            raise ValueError(f"angle_jitter={angle_jitter} must be in [0, 22.5) degrees")
+        require(0 <= angle_jitter < 22.5, f"angle_jitter={angle_jitter} must be in [0, 22.5) degrees")
         self.save_hyperparameters()
         self.image_size = image_size
         self.num_classes = num_classes
@@ -181,9 +180,9 @@ class TwoCircles(L.LightningDataModule):
     def split(self, name: str) -> InMemory:
         """Split "train", "val", "test" (the test set `test_split` picks) or, by name, "iid" (the
         in-distribution test set), "far" or "held_out": float32 images (N, 1, H, W) in [0, 1] and
-        labels, generated on first use. `splits` and `centres` hold them by their own names
-        ("test" for the iid one)."""
-        name = {"test": self.test_name, "iid": "test"}.get(name, name)
+        labels, generated on first use. `splits` holds them by their own names ("test" for the
+        iid one); `circle_centres(name)` gives the circles' centres of the same split."""
+        name = self._own_name(name)
         if name not in self.splits:
             hp = self.hparams
             require(name in SPLITS, f"no split {name!r}; choose one of train, val, test, iid, far, held_out")
@@ -202,6 +201,14 @@ class TwoCircles(L.LightningDataModule):
             self.splits[name] = InMemory(images, labels)
             self.centres[name] = centres
         return self.splits[name]
+
+    def _own_name(self, name: str) -> str:
+        return {"test": self.test_name, "iid": "test"}.get(name, name)
+
+    def circle_centres(self, name: str) -> torch.Tensor:
+        """The circle centres (n, 2, 2) as (x, y) pixels of the images of `split(name)`."""
+        self.split(name)
+        return self.centres[self._own_name(name)]
 
     def setup(self, stage: str) -> None:
         wanted = {"fit": ("train", "val"), "validate": ("val",)}

@@ -30,7 +30,7 @@ from vit.attention import (
     pos_embed_similarity,
 )
 from vit.checkpoint import load_checkpoint, load_model
-from vit.commands.base import Parser, run
+from vit.commands.base import Parser, check_out_folder, run_command
 from vit.errors import UsageError
 from vit.model import ViT
 from vit.plot import (
@@ -41,9 +41,7 @@ from vit.plot import (
     pos_embed_similarity_figure,
     save_all,
 )
-from vit.preparation import read_images
-
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+from vit.preparation import image_files, read_images
 
 
 def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -56,22 +54,6 @@ def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, 
     indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
     images, labels = split[indices]
     return images, labels, indices
-
-
-def image_files(paths: list[Path]) -> list[Path]:
-    """The files named, and the image files in the folders named (sorted), in order."""
-    files = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
-                raise FileNotFoundError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {path}")
-            files += found
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"image not found: {path}")
-    return files
 
 
 def file_tag(stem: str) -> str:
@@ -108,6 +90,7 @@ def attention(
     """
     started = time.perf_counter()
     check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    check_out_folder(out)
     if num_images < 1 or batch_size < 1:
         raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
     if threads is not None:
@@ -121,6 +104,7 @@ def attention(
         classifier, datamodule = load_checkpoint(ckpt)
         if datamodule is None:
             raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
+        datamodule.prepare_data()  # a download, where the data module was told to make one
         names = [str(name) for name in datamodule.classes]
     if not isinstance(classifier.model, ViT):
         raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT: it has no attention")
@@ -288,7 +272,7 @@ def parser() -> Parser:
 def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else [str(a) for a in args]
     options = vars(parser().parse_args(args))
-    run(attention, **{key.replace("-", "_"): value for key, value in options.items()})
+    run_command(attention, **{key.replace("-", "_"): value for key, value in options.items()})
 
 
 if __name__ == "__main__":

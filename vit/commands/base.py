@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from jsonargparse import ArgumentParser
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from vit.errors import UsageError, one_line
 
@@ -54,11 +56,19 @@ class Parser(OneLineErrors, ArgumentParser):
     """The parser of vit-eval and vit-attention."""
 
 
-def run(command: Callable[..., object], *args, **kwargs) -> None:
-    """Call `command`; an error the user caused ends the process with one line and its status."""
+def check_out_folder(out: str | Path | None) -> None:
+    """An output folder given by the user is a folder, or not there yet (checked before any work)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+
+
+def run_command(command: Callable[..., object], *args, **kwargs) -> None:
+    """Call `command`; an error the user caused ends the process with one line and its status:
+    a bad option or value (`UsageError`, Lightning's MisconfigurationException) 2, a file that is
+    missing, unreadable or unwritable, or bad data or a bad checkpoint (`OSError`, `ValueError`) 1."""
     try:
         command(*args, **kwargs)
-    except UsageError as e:
+    except (UsageError, MisconfigurationException) as e:
         fail(e, USAGE)
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:
         fail(e, FAILURE)

@@ -30,7 +30,7 @@ from torchmetrics.functional.classification import (
 from tqdm import tqdm
 
 from vit.checkpoint import load_checkpoint, load_model
-from vit.commands.base import Parser, run
+from vit.commands.base import Parser, check_out_folder, run_command
 from vit.errors import UsageError
 from vit.plot import confusion_figure, reliability_figure, save_all
 from vit.preparation import read_images
@@ -206,11 +206,11 @@ def evaluate(
         if batch_size < 1:
             raise UsageError(f"batch_size={batch_size} must be at least 1")
         data["batch_size"] = batch_size
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
+    check_out_folder(out)
     classifier, datamodule = load_checkpoint(ckpt, data=data)
     if datamodule is None:
         raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict takes image files")
+    datamodule.prepare_data()  # a download, where the data module was told to make one
     probabilities, labels = collect_probabilities(classifier, datamodule, split, tta, device, progress)
     classes = [str(name) for name in datamodule.classes]
     if probabilities.shape[1] != len(classes):
@@ -344,7 +344,7 @@ def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else [str(a) for a in args]
     if args[:1] == ["predict"]:
         options = predict_parser().parse_args(args[1:])
-        run(
+        run_command(
             predict,
             options.ckpt,
             options.images,
@@ -355,7 +355,7 @@ def main(args: list[str] | None = None) -> None:
         )
     else:
         options = evaluate_parser().parse_args(args)
-        run(
+        run_command(
             lambda: evaluate(
                 options.ckpt,
                 split=options.split,

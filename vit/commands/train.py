@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vit.checkpoint import read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
-from vit.commands.base import FAILURE, USAGE, OneLineErrors, fail
+from vit.commands.base import OneLineErrors, run_command
 from vit.errors import DataError, UsageError, one_line
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
@@ -107,6 +107,7 @@ class ViTCLI(LightningCLI):
             ckpt_path = self.config[subcommand].get("ckpt_path")
             if ckpt_path not in (None, *SPECIAL_CKPT_PATHS) and Path(ckpt_path).is_file():
                 read_checkpoint(ckpt_path)
+                self._checked_ckpt_path = ckpt_path
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -122,7 +123,8 @@ class ViTCLI(LightningCLI):
                 "give a file, for example runs/<name>/version_N/checkpoints/best.ckpt"
             )
         ckpt_path = config.get("ckpt_path")
-        if ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS:
+        checked = getattr(self, "_checked_ckpt_path", None)
+        if ckpt_path not in (None, checked, *SPECIAL_CKPT_PATHS):
             # missing, truncated, or code to unpickle: one line now, before Lightning writes
             # config.yaml and builds the data (it reads the file only after that)
             read_checkpoint(ckpt_path)
@@ -134,15 +136,20 @@ class ViTCLI(LightningCLI):
         args = getattr(config.trainer.logger, "init_args", None)
         if args is None or "save_dir" not in args:
             return  # an unusual logger: leave "last" to Lightning
-        if self.subcommand == "fit" and args.get("version") is not None:
-            return  # the user named the run; Lightning finds its last.ckpt
         root = Path(args.save_dir) / str(args.get("name") or "")
+        if self.subcommand == "fit" and args.get("version") is not None:
+            # the user named the run; Lightning finds its last.ckpt (read safely here first)
+            version = args.version if isinstance(args.version, str) else f"version_{args.version}"
+            if (named := root / version / "checkpoints" / "last.ckpt").is_file():
+                read_checkpoint(named)
+            return
         candidates = list(root.glob("*/checkpoints/last.ckpt"))
         if not candidates:
             if self.subcommand == "fit":
                 return  # Lightning warns and starts from scratch, as for a first run
             raise FileNotFoundError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
         newest = max(candidates, key=lambda f: f.stat().st_mtime)
+        read_checkpoint(newest)  # Lightning reads it only after writing config.yaml
         if self.subcommand != "fit":
             config.ckpt_path = str(newest)
             return
@@ -165,19 +172,21 @@ def run(args: list[str] | None = None) -> ViTCLI:
     )
 
 
-def main(args: list[str] | None = None) -> None:
+def run_and_explain_mismatches(args: list[str] | None = None) -> None:
+    """`run`, with weights that do not fit the model (--ckpt_path) reported as a ValueError."""
     try:
         run(args)
-    except (UsageError, MisconfigurationException) as e:
-        fail(e, USAGE)
-    except (FileNotFoundError, ValueError) as e:  # a DataError may come from setup, inside fit or test
-        fail(e, FAILURE)
     except RuntimeError as e:  # --ckpt_path: weights that do not fit the model built from the
         # checkpoint's hyper-parameters and the data module's num_classes, image_size, in_channels
         if (reason := state_dict_mismatch(e)) is None:
             raise
         hint = "another data set, or another version of vit?"
-        fail(f"the checkpoint does not fit the model built from it and the data ({hint}): {reason}")
+        message = f"the checkpoint does not fit the model built from it and the data ({hint}): {reason}"
+        raise ValueError(message) from e
+
+
+def main(args: list[str] | None = None) -> None:
+    run_command(run_and_explain_mismatches, args)
 
 
 if __name__ == "__main__":
