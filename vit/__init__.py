@@ -4,6 +4,7 @@ from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.model import PRESETS, ViT, build_vit
 from vit.preparation import Preparation
+from vit.pretrained import load_pretrained
 from vit.two_circles import TwoCircles
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "ViT",
     "ViTClassifier",
     "build_vit",
+    "load_pretrained",
 ]

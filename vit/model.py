@@ -201,11 +201,12 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         fused_attn: bool = True,
         locality: bool = False,
+        norm_eps: float = 1e-5,
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(dim, heads, dropout=dropout, fused=fused_attn, locality=locality)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = FeedForward(dim, int(dim * mlp_ratio), dropout=dropout)
         self.drop_path = DropPath(drop_path)
 
@@ -240,6 +241,11 @@ class ViT(nn.Module):
         shifted_patches: bool = False,  # Shifted Patch Tokenization: patches see their neighbours
         locality_attention: bool = False,  # learned temperature, no attention to oneself
         init: Literal["timm", "torch"] = "torch",
+        norm_eps: float = 1e-5,  # LayerNorm's; timm's ViTs use 1e-6
+        # per-channel mean and std the model subtracts and divides by, for weights trained on
+        # normalised images (timm's, Hugging Face's); images still come in [0, 1]. None: none
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
     ):
         super().__init__()
         image_h, image_w = pair(image_size)
@@ -266,13 +272,25 @@ class ViT(nn.Module):
         num_patches = self.grid_size[0] * self.grid_size[1]
 
         self.in_channels = in_channels
+        require((mean is None) == (std is None), "mean and std go together")
+        if mean is not None:
+            require(len(mean) == len(std) == in_channels, f"mean and std need {in_channels} values each")
+            require(all(s > 0 for s in std), f"std={std} must be positive")
+        # not in the state dict, so checkpoints written before this option still load
+        for name, values in (("mean", mean), ("std", std)):
+            table = None if values is None else torch.tensor(values, dtype=torch.float32)[:, None, None]
+            self.register_buffer(name, table, persistent=False)
         # the paper's shift: half a patch
         shift = [ShiftedPatches(max(patch_size // 2, 1))] if shifted_patches else []
         copies = len(shift[0].offsets) if shift else 1  # the image, and its shifted copies
         patch_dim = patch_size * patch_size * in_channels * copies
         proj = nn.Linear(patch_dim, dim)
         # patch_norm puts patch content on the scale of fixed position tables, whatever the pixels'
-        embed = [nn.LayerNorm(patch_dim), proj, nn.LayerNorm(dim)] if patch_norm else [proj]
+        embed = (
+            [nn.LayerNorm(patch_dim, eps=norm_eps), proj, nn.LayerNorm(dim, eps=norm_eps)]
+            if patch_norm
+            else [proj]
+        )
         patchify = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size)
         self.to_patch_embedding = nn.Sequential(*shift, patchify, *embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
@@ -296,9 +314,10 @@ class ViT(nn.Module):
         self.drop = nn.Dropout(dropout)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
-            Block(dim, heads, mlp_ratio, dropout, rate, fused_attn, locality_attention) for rate in rates
+            Block(dim, heads, mlp_ratio, dropout, rate, fused_attn, locality_attention, norm_eps)
+            for rate in rates
         )
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.head = nn.Linear(dim, num_classes)
         # "timm": linear weights, class token and learned positions ~ N(0, 0.02) (timm, ViT paper);
         # "torch": PyTorch's default linear init and unit-scale class token and positions
@@ -334,6 +353,8 @@ class ViT(nn.Module):
         With `return_attention=True` every block runs the explicit attention path for this call
         and the per-block weights (B, heads, tokens, tokens) are returned too.
         """
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
         x = self.to_patch_embedding(x)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         x = torch.cat((cls, x), dim=1)

@@ -1,0 +1,163 @@
+"""The ViTs people study, as this project's from-scratch `ViT`, with outputs proven equal.
+
+    model = vit.load_pretrained("timm:vit_tiny_patch16_224", weights="vit_tiny.safetensors")
+
+`source` names a model of another library: `timm:<model name>` for now. The source's own code
+builds its model (with `weights`, from that file and nothing downloaded; without, fetching its
+weights as the library normally does), then its weights are copied into a `ViT` of the same
+architecture, which takes images in [0, 1] and applies the source's mean/std itself. A feature
+the source model has and `ViT` does not (registers, a distillation token, average pooling,
+LayerScale, ...) is refused with one line naming it, never mapped into a different model.
+`tests/test_pretrained.py` checks the logits against the source's on random inputs.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from vit.errors import UsageError, one_line
+from vit.model import ViT
+
+SOURCES = ("timm",)
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors by name from a `.safetensors` file or a `.pth`/`.bin` state dict (read without
+    unpickling code; a checkpoint that wraps its weights in "model" or "state_dict" is unwrapped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights not found: {path}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"refusing {path}: it holds more than tensors ({one_line(e)[:200]})") from e
+    except Exception as e:  # safetensors' and torch's many ways of saying "not this format"
+        raise ValueError(f"{path} is not a weights file ({type(e).__name__}: {one_line(e)[:200]})") from e
+    for key in ("model", "state_dict"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} is not a state dict (a dict of tensors)")
+    return state
+
+
+def _timm_model(name: str, weights: str | Path | None) -> nn.Module:
+    import timm
+
+    if name not in timm.list_models(pretrained=False) and name not in timm.list_models(pretrained=True):
+        raise UsageError(f"timm has no model {name!r}")
+    if weights is None:
+        try:
+            return timm.create_model(name, pretrained=True)
+        except Exception as e:  # no network, no cached weights
+            raise ValueError(
+                f"cannot fetch the weights of timm:{name} ({type(e).__name__}: {one_line(e)[:150]}); "
+                f"give a file with weights=FILE (.safetensors or .pth)"
+            ) from e
+    state = read_state_dict(weights)
+    head = state.get("head.weight")
+    model = timm.create_model(name, pretrained=False, num_classes=0 if head is None else head.shape[0])
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        text = one_line(e)
+        raise ValueError(f"{weights} does not fit timm:{name}: {text[:300]}") from e
+    return model
+
+
+def _check_timm_features(model: nn.Module, name: str) -> None:
+    """Refuse, naming it, what a timm VisionTransformer has and `ViT` cannot express yet."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise UsageError(f"timm:{name} is a {type(model).__name__}, not a VisionTransformer")
+    block = model.blocks[0]
+    unsupported = {
+        "no class token": not model.has_class_token,
+        "register tokens": getattr(model, "reg_token", None) is not None,
+        "a distillation token": getattr(model, "dist_token", None) is not None,
+        "position embeddings on the patches only (no_embed_class)": model.no_embed_class,
+        f"global_pool={model.global_pool!r}": model.global_pool != "token",
+        "fc_norm": not isinstance(model.fc_norm, nn.Identity),
+        "a norm before the blocks (pre_norm)": not isinstance(model.norm_pre, nn.Identity),
+        "LayerScale": not isinstance(block.ls1, nn.Identity),
+        "qk-norm": not isinstance(block.attn.q_norm, nn.Identity),
+        "attention pooling": getattr(model, "attn_pool", None) is not None,
+        "a norm inside the MLP": not isinstance(getattr(block.mlp, "norm", nn.Identity()), nn.Identity),
+        "no qkv bias": block.attn.qkv.bias is None,
+        "an activation other than exact GELU": not (
+            isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "none"
+        ),
+        "a patch projection without bias": model.patch_embed.proj.bias is None,
+    }
+    found = [feature for feature, present in unsupported.items() if present]
+    if found:
+        raise UsageError(f"timm:{name} has {', '.join(found)}, which vit.ViT does not express yet")
+
+
+def _from_timm(model: nn.Module, name: str) -> ViT:
+    _check_timm_features(model, name)
+    proj = model.patch_embed.proj  # a convolution with stride = kernel = patch size
+    patch_size = proj.kernel_size[0]
+    image_size = tuple(model.patch_embed.img_size)
+    cfg = model.pretrained_cfg
+    dim, num_classes = model.embed_dim, getattr(model.head, "out_features", 0)
+    block = model.blocks[0]
+    ours = ViT(
+        num_classes=max(num_classes, 1),
+        image_size=image_size,
+        patch_size=patch_size,
+        in_channels=proj.in_channels,
+        dim=dim,
+        depth=len(model.blocks),
+        heads=block.attn.num_heads,
+        mlp_ratio=block.mlp.fc1.out_features / dim,
+        norm_eps=model.norm.eps,
+        mean=tuple(cfg.get("mean", (0.0,) * proj.in_channels)),
+        std=tuple(cfg.get("std", (1.0,) * proj.in_channels)),
+    )
+    if num_classes == 0:  # features only: the normed class token
+        ours.head = nn.Identity()
+    source = model.state_dict()
+    state = {
+        "cls_token": source["cls_token"],
+        "pos_embed": source["pos_embed"],
+        # a convolution over (c, p1, p2) is a linear map of the (p1 p2 c)-flattened patch
+        "to_patch_embedding.1.weight": rearrange(
+            source["patch_embed.proj.weight"], "d c p1 p2 -> d (p1 p2 c)"
+        ),
+        "to_patch_embedding.1.bias": source["patch_embed.proj.bias"],
+        "norm.weight": source["norm.weight"],
+        "norm.bias": source["norm.bias"],
+    }
+    if num_classes:
+        state |= {"head.weight": source["head.weight"], "head.bias": source["head.bias"]}
+    names = {  # ours -> timm's, per block
+        "norm1": "norm1", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj", "norm2": "norm2",
+        "mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2",
+    }  # fmt: skip
+    for i in range(len(model.blocks)):
+        for mine, theirs in names.items():
+            for kind in ("weight", "bias"):
+                state[f"blocks.{i}.{mine}.{kind}"] = source[f"blocks.{i}.{theirs}.{kind}"]
+    ours.load_state_dict(state)
+    return ours.eval()
+
+
+def load_pretrained(source: str, weights: str | Path | None = None) -> ViT:
+    """A `ViT` that computes what `source`'s model computes: `timm:<model name>`. With `weights`
+    (.safetensors, or a .pth/.bin state dict), nothing is downloaded and the head (its class
+    count, or none) is read from the file; without, the library fetches its weights."""
+    kind, _, name = source.partition(":")
+    if kind not in SOURCES or not name:
+        raise UsageError(f"unknown model source {source!r}; give timm:<model name>")
+    return _from_timm(_timm_model(name, weights), name)
