@@ -268,3 +268,30 @@ def test_circle_patch_masks_follow_the_circles_round_the_edge():
     masks = circle_patch_masks(centres, image_size=32, radius=2.5, patch_size=8).reshape(1, 2, 4, 4)
     assert masks[0, 0].nonzero().tolist() == [[0, 0]]
     assert sorted(masks[0, 1].nonzero().tolist()) == [[1, 0], [1, 3], [2, 0], [2, 3]]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_registers=3, no_embed_class=True, layer_scale=0.1),
+        dict(distilled=True, pre_norm=True),
+        dict(class_token=False, pool="mean", fc_norm=True, num_registers=2),
+    ],
+)
+def test_every_method_works_with_several_prefix_tokens(options):
+    """Maps cover the patches only (registers and other prefix tokens are never drawn as patches),
+    for a non-square grid, whatever the prefix tokens."""
+    from vit.attention import explain
+    from vit.model import ViT
+
+    torch.manual_seed(0)
+    model = ViT(num_classes=3, image_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2, **options).eval()
+    images = torch.rand(2, 3, 16, 24)
+    methods = ["query", "rollout", "grad-rollout"] + (["cls"] if model.cls_token is not None else [])
+    for method in methods:
+        found = explain(model, images, method, query_patch=(1, 2) if method == "query" else None)
+        assert found.maps.shape == (2, 4, 6) and torch.isfinite(found.maps).all(), method
+        assert found.logits.shape == (2, 3)
+    if model.cls_token is None:
+        with pytest.raises(ValueError, match="no class token"):
+            explain(model, images, "cls")

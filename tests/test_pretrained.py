@@ -8,9 +8,11 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
 
 from vit import load_pretrained
 from vit.errors import UsageError
+from vit.model import resample_pos_embed
 
 
 def perturbed_weights(model: torch.nn.Module, path, seed: int = 0):
@@ -36,13 +38,19 @@ def source_output(model, images):
     [
         "vit_tiny_patch16_224",  # a class token and an ImageNet head
         "vit_small_patch16_224.dino",  # no head: the normed class token
+        "deit_tiny_distilled_patch16_224",  # a distillation token and its head, averaged
+        "vit_small_patch14_dinov2",  # LayerScale, 518 px, no head
+        "vit_small_patch14_reg4_dinov2",  # 4 registers, positions on the patches only
+        "vit_little_patch16_reg4_gap_256",  # no class token, registers, average pooling, fc_norm
+        "vit_medium_patch16_gap_256",  # no class token, average pooling, final norm before it
     ],
 )
 def test_timm_models_give_the_same_outputs(tmp_path, name):
     source = timm.create_model(name, pretrained=False)
     weights = perturbed_weights(source, tmp_path / "weights.safetensors")
     ours = load_pretrained(f"timm:{name}", weights=weights)
-    images = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    size = source.patch_embed.img_size
+    images = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(1))
     expected = source_output(source, images)
     with torch.no_grad():
         got = ours(images)
@@ -66,15 +74,44 @@ def test_a_pth_state_dict_loads_too_and_the_head_is_read_from_the_file(tmp_path)
 @pytest.mark.parametrize(
     "name, feature",
     [
-        ("vit_small_patch14_reg4_dinov2", "register tokens"),
-        ("deit_tiny_distilled_patch16_224", "a distillation token"),
-        ("vit_small_patch14_dinov2", "LayerScale"),
+        ("vit_base_patch16_siglip_224", "has attention pooling"),
+        ("vit_base_patch16_rope_224", "is a Eva, not a VisionTransformer"),
     ],
 )
 def test_features_vit_cannot_express_are_refused_by_name(tmp_path, name, feature):
-    weights = perturbed_weights(timm.create_model(name, pretrained=False), tmp_path / "w.safetensors")
-    with pytest.raises(UsageError, match=f"timm:{name} has .*{feature}"):
+    weights = tmp_path / "w.safetensors"
+    save_file(
+        {k: v.contiguous() for k, v in timm.create_model(name, pretrained=False).state_dict().items()},
+        str(weights),
+    )
+    with pytest.raises(UsageError, match=f"timm:{name} {feature}"):
         load_pretrained(f"timm:{name}", weights=weights)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 5])
+@pytest.mark.parametrize("new_grid", [(20, 20), (12, 18)])
+def test_position_embeddings_are_resampled_as_timm_does(prefix, new_grid):
+    table = torch.randn(1, prefix + 14 * 14, 32, generator=torch.Generator().manual_seed(0))
+    expected = resample_abs_pos_embed(table, list(new_grid), (14, 14), num_prefix_tokens=prefix)
+    got = resample_pos_embed(table, new_grid, (14, 14), prefix)
+    assert got.shape == (1, prefix + new_grid[0] * new_grid[1], 32)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_a_model_takes_another_image_size(tmp_path):
+    """set_image_size resamples the positions: the model then equals timm's built for that size
+    with the same weights (timm resamples them when it loads them into another size)."""
+    source = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False)
+    weights = perturbed_weights(source, tmp_path / "w.safetensors")
+    ours = load_pretrained("timm:vit_small_patch14_reg4_dinov2", weights=weights)
+    ours.set_image_size((224, 280))
+    other = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=(224, 280))
+    state = dict(source.state_dict())
+    state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], [16, 20], (37, 37), num_prefix_tokens=0)
+    other.load_state_dict(state)
+    images = torch.rand(2, 3, 224, 280, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(images) - source_output(other, images)).abs().max() <= 1e-4
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -297,7 +297,7 @@ def pos_embed_similarity(model: ViT) -> torch.Tensor:
     (grid_h, grid_w, grid_h, grid_w); [r, c] is the tile of the patch at row r, column c."""
     if model.pos_embed is None:
         raise UsageError("the model has no position embeddings (pos_embed: none)")
-    table = model.pos_embed.detach().float()[0, model.num_prefix_tokens :]  # (patches, dim)
+    table = model.pos_embed.detach().float()[0, model.pos_embed_prefix :]  # (patches, dim)
     table = F.normalize(table, dim=-1)
     grid_h, grid_w = model.grid_size
     return rearrange(table @ table.T, "(h w) (h2 w2) -> h w h2 w2", h=grid_h, h2=grid_h, w=grid_w, w2=grid_w)
@@ -436,6 +436,8 @@ def explain(
     and the logits of the same forward pass.
     """
     check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    if method == "cls" and model.cls_token is None:
+        raise UsageError("this model has no class token: use --method rollout, grad-rollout or query")
     layers, heads = select_layers(model, layer), select_heads(model, head)
     if query_patch is not None:
         patch_token(model, query_patch)  # raises if outside the grid

@@ -171,6 +171,15 @@ class ViTClassifier(Classifier):
         shifted_patches: bool = False,  # patches also see half a patch around them (SPT)
         locality_attention: bool = False,  # learned temperature, no attention to oneself (LSA)
         init: Literal["timm", "torch"] = "torch",
+        # the token layout and norms of the ViTs people study (vit.model.ViT explains them)
+        class_token: bool = True,
+        num_registers: int = 0,
+        no_embed_class: bool = False,
+        fc_norm: bool = False,
+        pre_norm: bool = False,
+        layer_scale: float | None = None,
+        qkv_bias: bool = True,
+        norm_eps: float = 1e-5,
         **kwargs,
     ):
         if preset not in PRESETS:
@@ -197,6 +206,14 @@ class ViTClassifier(Classifier):
             shifted_patches=shifted_patches,
             locality_attention=locality_attention,
             init=init,
+            class_token=class_token,
+            num_registers=num_registers,
+            no_embed_class=no_embed_class,
+            fc_norm=fc_norm,
+            pre_norm=pre_norm,
+            layer_scale=layer_scale,
+            qkv_bias=qkv_bias,
+            norm_eps=norm_eps,
         )
 
 

@@ -71,6 +71,32 @@ def window_mask(grid: tuple[int, int], window: int) -> torch.Tensor:
     return mask
 
 
+def resample_pos_embed(
+    pos_embed: torch.Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """Position embeddings (1, prefix + old_h * old_w, dim) for another patch grid: the patch part
+    resampled as an image (bicubic, antialiased, as timm's `resample_abs_pos_embed`), the rows of
+    the prefix tokens kept."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    grid = rearrange(grid.float(), "1 (h w) d -> 1 d h w", h=old_grid[0], w=old_grid[1])
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    grid = rearrange(grid, "1 d h w -> 1 (h w) d").to(pos_embed.dtype)
+    return torch.cat((prefix, grid), dim=1)
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch (Touvron et al. 2021, CaiT; DINOv2)."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drop the whole residual branch for a random subset of samples."""
 
@@ -129,7 +155,13 @@ class Attention(nn.Module):
     """
 
     def __init__(
-        self, dim: int, heads: int, dropout: float = 0.0, fused: bool = True, locality: bool = False
+        self,
+        dim: int,
+        heads: int,
+        dropout: float = 0.0,
+        fused: bool = True,
+        locality: bool = False,
+        qkv_bias: bool = True,
     ):
         super().__init__()
         if dim % heads:
@@ -143,7 +175,7 @@ class Attention(nn.Module):
         self.fused = fused
         self.dropout = dropout
         # Q, K and V projections in one matmul; rows ordered [q; k; v] like nn.MultiheadAttention.
-        self.qkv = nn.Linear(dim, 3 * dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = nn.Dropout(dropout)
         self.proj_drop = nn.Dropout(dropout)
@@ -202,20 +234,24 @@ class Block(nn.Module):
         fused_attn: bool = True,
         locality: bool = False,
         norm_eps: float = 1e-5,
+        qkv_bias: bool = True,
+        layer_scale: float | None = None,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, heads, dropout=dropout, fused=fused_attn, locality=locality)
+        self.attn = Attention(dim, heads, dropout, fused_attn, locality, qkv_bias)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = FeedForward(dim, int(dim * mlp_ratio), dropout=dropout)
         self.drop_path = DropPath(drop_path)
+        self.ls1 = nn.Identity() if layer_scale is None else LayerScale(dim, layer_scale)
+        self.ls2 = nn.Identity() if layer_scale is None else LayerScale(dim, layer_scale)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, weights = self.attn(self.norm1(x), mask=mask, return_weights=return_weights)
-        x = x + self.drop_path(y)
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.ls1(y))
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
         return x, weights
 
 
@@ -246,6 +282,15 @@ class ViT(nn.Module):
         # normalised images (timm's, Hugging Face's); images still come in [0, 1]. None: none
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
+        # the token layout and norms of the ViTs people study (timm's names in brackets)
+        class_token: bool = True,
+        num_registers: int = 0,  # learned tokens that only take part in attention (Darcet et al. 2024)
+        distilled: bool = False,  # DeiT's distillation token and its head; inference averages both
+        no_embed_class: bool = False,  # position embeddings on the patches only [no_embed_class]
+        fc_norm: bool = False,  # the final norm after pooling instead of before [fc_norm]
+        pre_norm: bool = False,  # a norm before the blocks, a bias-free patch projection [pre_norm]
+        layer_scale: float | None = None,  # LayerScale on both branches, from this value [init_values]
+        qkv_bias: bool = True,
     ):
         super().__init__()
         image_h, image_w = pair(image_size)
@@ -260,6 +305,10 @@ class ViT(nn.Module):
             raise UsageError(f"init must be 'timm' or 'torch', got {init!r}")
         if pool not in ("cls", "mean"):
             raise UsageError(f"pool must be 'cls' or 'mean', got {pool!r}")
+        require(class_token or pool == "mean", "a model without a class token needs pool='mean'")
+        require(class_token or not distilled, "a distillation token goes with a class token")
+        require(num_registers >= 0, f"num_registers={num_registers} must be >= 0")
+        require(not (distilled and fc_norm), "distilled and fc_norm do not combine")
         if pos_embed not in ("learned", "sincos", "periodic", "none"):
             raise UsageError(
                 f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {pos_embed!r}"
@@ -267,7 +316,10 @@ class ViT(nn.Module):
         self.image_size = (image_h, image_w)
         self.patch_size = patch_size
         self.grid_size = (image_h // patch_size, image_w // patch_size)
-        self.num_prefix_tokens = 1  # the class token
+        # prefix tokens, in this order: the class token, the distillation token, the registers
+        self.num_prefix_tokens = int(class_token) + int(distilled) + num_registers
+        self.num_registers = num_registers
+        self.pos_embed_prefix = 0 if no_embed_class else self.num_prefix_tokens  # rows before the patches'
         self.pool = pool
         num_patches = self.grid_size[0] * self.grid_size[1]
 
@@ -284,7 +336,7 @@ class ViT(nn.Module):
         shift = [ShiftedPatches(max(patch_size // 2, 1))] if shifted_patches else []
         copies = len(shift[0].offsets) if shift else 1  # the image, and its shifted copies
         patch_dim = patch_size * patch_size * in_channels * copies
-        proj = nn.Linear(patch_dim, dim)
+        proj = nn.Linear(patch_dim, dim, bias=not pre_norm)
         # patch_norm puts patch content on the scale of fixed position tables, whatever the pixels'
         embed = (
             [nn.LayerNorm(patch_dim, eps=norm_eps), proj, nn.LayerNorm(dim, eps=norm_eps)]
@@ -293,12 +345,14 @@ class ViT(nn.Module):
         )
         patchify = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size)
         self.to_patch_embedding = nn.Sequential(*shift, patchify, *embed)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if distilled else None
+        self.reg_token = nn.Parameter(torch.zeros(1, num_registers, dim)) if num_registers else None
         if pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.pos_embed_prefix + num_patches, dim))
         elif pos_embed in ("sincos", "periodic"):  # periodic: for images that wrap around
             table = sincos_2d(*self.grid_size, dim, periodic=pos_embed == "periodic")
-            table = torch.cat((torch.zeros(1, dim), table))
+            table = torch.cat((torch.zeros(self.pos_embed_prefix, dim), table))
             self.register_buffer("pos_embed", table[None], persistent=False)
         else:
             self.pos_embed = None
@@ -308,24 +362,34 @@ class ViT(nn.Module):
             require(attn_window >= 0, f"attn_window={attn_window} must be >= 0")
             require(patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
             require(not locality_attention, "attn_window and locality_attention do not combine")
+            require(self.num_prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
         self.patch_dropout = patch_dropout
         mask = None if attn_window is None else window_mask(self.grid_size, attn_window)
         self.register_buffer("attn_mask", mask, persistent=False)
         self.drop = nn.Dropout(dropout)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
-            Block(dim, heads, mlp_ratio, dropout, rate, fused_attn, locality_attention, norm_eps)
+            Block(
+                dim, heads, mlp_ratio, dropout, rate, fused_attn, locality_attention, norm_eps, qkv_bias,
+                layer_scale,
+            )
             for rate in rates
-        )
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        )  # fmt: skip
+        self.norm_pre = nn.LayerNorm(dim, eps=norm_eps) if pre_norm else nn.Identity()
+        # the final norm: of every token (fc_norm false), or of the pooled one
+        self.norm = nn.Identity() if fc_norm else nn.LayerNorm(dim, eps=norm_eps)
+        self.fc_norm = nn.LayerNorm(dim, eps=norm_eps) if fc_norm else nn.Identity()
         self.head = nn.Linear(dim, num_classes)
+        self.head_dist = nn.Linear(dim, num_classes) if distilled else None
         # "timm": linear weights, class token and learned positions ~ N(0, 0.02) (timm, ViT paper);
         # "torch": PyTorch's default linear init and unit-scale class token and positions
         # (vit-pytorch), which learns faster from scratch on small data in our measurements
         if init == "timm":
             self.apply(self._init_weights)
         std = 0.02 if init == "timm" else 1.0
-        nn.init.trunc_normal_(self.cls_token, std=std)
+        for token in (self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=std)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=std)
 
@@ -342,13 +406,14 @@ class ViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters other than biases and norms that AdamW should not decay."""
-        return {"cls_token", "pos_embed"}
+        return {"cls_token", "dist_token", "reg_token", "pos_embed"}
 
     def forward_features(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Images (B, C, H, W) -> normed tokens (B, 1 + patches, dim), class token first (in
-        training with `patch_dropout`, fewer patches, unless a `mask` is given: masks need them all).
+        """Images (B, C, H, W) -> tokens (B, prefix + patches, dim), prefix tokens first (class,
+        distillation, registers), normed unless `fc_norm` (in training with `patch_dropout`, fewer
+        patches, unless a `mask` is given: masks need them all).
 
         With `return_attention=True` every block runs the explicit attention path for this call
         and the per-block weights (B, heads, tokens, tokens) are returned too.
@@ -356,13 +421,16 @@ class ViT(nn.Module):
         if self.mean is not None:
             x = (x - self.mean) / self.std
         x = self.to_patch_embedding(x)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
-        x = torch.cat((cls, x), dim=1)
-        if self.pos_embed is not None:
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
+        if self.pos_embed is not None and not self.pos_embed_prefix:  # positions of patches only
+            x = x + self.pos_embed
+        x = torch.cat((*prefix, x), dim=1)
+        if self.pos_embed is not None and self.pos_embed_prefix:
             x = x + self.pos_embed
         if self.training and self.patch_dropout and mask is None:
             x = self.drop_patches(x)
-        x = self.drop(x)
+        x = self.norm_pre(self.drop(x))
         if self.attn_mask is not None:
             mask = self.attn_mask if mask is None else mask & self.attn_mask
         attention = []
@@ -384,7 +452,27 @@ class ViT(nn.Module):
 
     def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
         pooled = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(1)
-        return self.head(pooled)
+        logits = self.head(self.fc_norm(pooled))
+        if self.head_dist is not None:  # DeiT at inference: the mean of its two heads
+            logits = (logits + self.head_dist(tokens[:, 1])) / 2
+        return logits
+
+    def set_image_size(self, image_size: int | tuple[int, int]) -> None:
+        """Take images of another size (the patch size dividing it): learned position embeddings
+        are resampled (`resample_pos_embed`), fixed tables rebuilt."""
+        image_h, image_w = pair(image_size)
+        p = self.patch_size
+        require(
+            image_h % p == 0 and image_w % p == 0, f"image size {image_h}x{image_w} is not divisible by {p}"
+        )
+        require(self.attn_mask is None, "a model with attn_window keeps its image size")
+        old_grid, grid = self.grid_size, (image_h // p, image_w // p)
+        if isinstance(self.pos_embed, nn.Parameter):
+            table = resample_pos_embed(self.pos_embed.data, grid, old_grid, self.pos_embed_prefix)
+            self.pos_embed = nn.Parameter(table)
+        elif self.pos_embed is not None:
+            raise UsageError("only learned position embeddings are resampled")
+        self.image_size, self.grid_size = (image_h, image_w), grid
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward_head(self.forward_features(x, mask=mask))

@@ -5,9 +5,10 @@
 `source` names a model of another library: `timm:<model name>` for now. The source's own code
 builds its model (with `weights`, from that file and nothing downloaded; without, fetching its
 weights as the library normally does), then its weights are copied into a `ViT` of the same
-architecture, which takes images in [0, 1] and applies the source's mean/std itself. A feature
-the source model has and `ViT` does not (registers, a distillation token, average pooling,
-LayerScale, ...) is refused with one line naming it, never mapped into a different model.
+architecture (class, distillation and register tokens, positions on the patches only, average
+pooling with fc_norm, pre_norm, LayerScale), which takes images in [0, 1] and applies the source's
+mean/std itself. A feature the source model has and `ViT` does not (qk-norm, attention pooling,
+...) is refused with one line naming it, never mapped into a different model.
 `tests/test_pretrained.py` checks the logits against the source's on random inputs.
 """
 
@@ -75,80 +76,79 @@ def _timm_model(name: str, weights: str | Path | None) -> nn.Module:
 
 
 def _check_timm_features(model: nn.Module, name: str) -> None:
-    """Refuse, naming it, what a timm VisionTransformer has and `ViT` cannot express yet."""
+    """Refuse, naming it, what a timm VisionTransformer has and `ViT` cannot express."""
     from timm.models.vision_transformer import VisionTransformer
 
     if not isinstance(model, VisionTransformer):
         raise UsageError(f"timm:{name} is a {type(model).__name__}, not a VisionTransformer")
     block = model.blocks[0]
     unsupported = {
-        "no class token": not model.has_class_token,
-        "register tokens": getattr(model, "reg_token", None) is not None,
-        "a distillation token": getattr(model, "dist_token", None) is not None,
-        "position embeddings on the patches only (no_embed_class)": model.no_embed_class,
-        f"global_pool={model.global_pool!r}": model.global_pool != "token",
-        "fc_norm": not isinstance(model.fc_norm, nn.Identity),
-        "a norm before the blocks (pre_norm)": not isinstance(model.norm_pre, nn.Identity),
-        "LayerScale": not isinstance(block.ls1, nn.Identity),
-        "qk-norm": not isinstance(block.attn.q_norm, nn.Identity),
         "attention pooling": getattr(model, "attn_pool", None) is not None,
+        f"global_pool={model.global_pool!r}": model.global_pool not in ("token", "avg", "map"),
+        "qk-norm": not isinstance(block.attn.q_norm, nn.Identity),
         "a norm inside the MLP": not isinstance(getattr(block.mlp, "norm", nn.Identity()), nn.Identity),
-        "no qkv bias": block.attn.qkv.bias is None,
         "an activation other than exact GELU": not (
             isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "none"
         ),
-        "a patch projection without bias": model.patch_embed.proj.bias is None,
+        "a bias-free patch projection without pre_norm": (
+            model.patch_embed.proj.bias is None and isinstance(model.norm_pre, nn.Identity)
+        ),
+        "no position embeddings": model.pos_embed is None,
     }
     found = [feature for feature, present in unsupported.items() if present]
     if found:
-        raise UsageError(f"timm:{name} has {', '.join(found)}, which vit.ViT does not express yet")
+        raise UsageError(f"timm:{name} has {', '.join(found)}, which vit.ViT does not express")
 
 
 def _from_timm(model: nn.Module, name: str) -> ViT:
     _check_timm_features(model, name)
     proj = model.patch_embed.proj  # a convolution with stride = kernel = patch size
-    patch_size = proj.kernel_size[0]
-    image_size = tuple(model.patch_embed.img_size)
-    cfg = model.pretrained_cfg
+    cfg, block = model.pretrained_cfg, model.blocks[0]
     dim, num_classes = model.embed_dim, getattr(model.head, "out_features", 0)
-    block = model.blocks[0]
+    distilled = getattr(model, "dist_token", None) is not None
+    fc_norm = not isinstance(model.fc_norm, nn.Identity)
+    layer_scale = not isinstance(block.ls1, nn.Identity)
     ours = ViT(
         num_classes=max(num_classes, 1),
-        image_size=image_size,
-        patch_size=patch_size,
+        image_size=tuple(model.patch_embed.img_size),
+        patch_size=proj.kernel_size[0],
         in_channels=proj.in_channels,
         dim=dim,
         depth=len(model.blocks),
         heads=block.attn.num_heads,
         mlp_ratio=block.mlp.fc1.out_features / dim,
-        norm_eps=model.norm.eps,
+        pool="cls" if model.global_pool == "token" else "mean",
+        norm_eps=(model.fc_norm if fc_norm else model.norm).eps,
         mean=tuple(cfg.get("mean", (0.0,) * proj.in_channels)),
         std=tuple(cfg.get("std", (1.0,) * proj.in_channels)),
+        class_token=model.has_class_token,
+        num_registers=model.num_reg_tokens,
+        distilled=distilled,
+        no_embed_class=model.no_embed_class,
+        fc_norm=fc_norm,
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        layer_scale=1.0 if layer_scale else None,  # the values come with the weights
+        qkv_bias=block.attn.qkv.bias is not None,
     )
-    if num_classes == 0:  # features only: the normed class token
+    if num_classes == 0:  # features only: the pooled (and normed) token
         ours.head = nn.Identity()
+        if distilled:
+            raise UsageError(f"timm:{name} has a distillation token but no head")
     source = model.state_dict()
+    # ours -> timm's; a convolution over (c, p1, p2) is a linear map of the (p1 p2 c)-flattened patch
     state = {
-        "cls_token": source["cls_token"],
-        "pos_embed": source["pos_embed"],
-        # a convolution over (c, p1, p2) is a linear map of the (p1 p2 c)-flattened patch
         "to_patch_embedding.1.weight": rearrange(
-            source["patch_embed.proj.weight"], "d c p1 p2 -> d (p1 p2 c)"
-        ),
-        "to_patch_embedding.1.bias": source["patch_embed.proj.bias"],
-        "norm.weight": source["norm.weight"],
-        "norm.bias": source["norm.bias"],
+            source.pop("patch_embed.proj.weight"), "d c p1 p2 -> d (p1 p2 c)"
+        )
     }
-    if num_classes:
-        state |= {"head.weight": source["head.weight"], "head.bias": source["head.bias"]}
-    names = {  # ours -> timm's, per block
-        "norm1": "norm1", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj", "norm2": "norm2",
-        "mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2",
-    }  # fmt: skip
+    renames = {"to_patch_embedding.1.bias": "patch_embed.proj.bias"}
     for i in range(len(model.blocks)):
-        for mine, theirs in names.items():
+        for mine, theirs in (("mlp.0", "mlp.fc1"), ("mlp.3", "mlp.fc2")):
             for kind in ("weight", "bias"):
-                state[f"blocks.{i}.{mine}.{kind}"] = source[f"blocks.{i}.{theirs}.{kind}"]
+                renames[f"blocks.{i}.{mine}.{kind}"] = f"blocks.{i}.{theirs}.{kind}"
+    for key in ours.state_dict():
+        if key not in state:
+            state[key] = source.pop(renames.get(key, key))
     ours.load_state_dict(state)
     return ours.eval()
 
