@@ -441,7 +441,7 @@ def explain(
     layers, heads = select_layers(model, layer), select_heads(model, head)
     if query_patch is not None:
         patch_token(model, query_patch)  # raises if outside the grid
-    num_classes = model.head.out_features
+    num_classes = getattr(model.head, "out_features", 0)  # 0: a model without a head
     if target is not None and not 0 <= target < num_classes:
         raise UsageError(f"target={target} is not a class of this model (0 to {num_classes - 1})")
     names = list(class_names or [str(i) for i in range(num_classes)])

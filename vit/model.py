@@ -293,6 +293,12 @@ class ViT(nn.Module):
         qkv_bias: bool = True,
     ):
         super().__init__()
+        # the arguments, as JSON-ready values: what vit.export writes beside the weights
+        self.config = {
+            name: list(value) if isinstance(value, tuple) else value
+            for name, value in locals().items()
+            if name not in ("self", "__class__")
+        }
         image_h, image_w = pair(image_size)
         for name, value in (("dim", dim), ("depth", depth), ("heads", heads), ("patch_size", patch_size)):
             require(value >= 1, f"{name}={value} must be at least 1")
@@ -309,6 +315,9 @@ class ViT(nn.Module):
         require(class_token or not distilled, "a distillation token goes with a class token")
         require(num_registers >= 0, f"num_registers={num_registers} must be >= 0")
         require(not (distilled and fc_norm), "distilled and fc_norm do not combine")
+        require(
+            num_classes >= 0 and (num_classes or not distilled), f"num_classes={num_classes} must be >= 1"
+        )
         if pos_embed not in ("learned", "sincos", "periodic", "none"):
             raise UsageError(
                 f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {pos_embed!r}"
@@ -379,7 +388,8 @@ class ViT(nn.Module):
         # the final norm: of every token (fc_norm false), or of the pooled one
         self.norm = nn.Identity() if fc_norm else nn.LayerNorm(dim, eps=norm_eps)
         self.fc_norm = nn.LayerNorm(dim, eps=norm_eps) if fc_norm else nn.Identity()
-        self.head = nn.Linear(dim, num_classes)
+        # num_classes 0: no head, the pooled features are the output (DINO's, DINOv2's models)
+        self.head = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, num_classes) if distilled else None
         # "timm": linear weights, class token and learned positions ~ N(0, 0.02) (timm, ViT paper);
         # "torch": PyTorch's default linear init and unit-scale class token and positions
@@ -473,6 +483,7 @@ class ViT(nn.Module):
         elif self.pos_embed is not None:
             raise UsageError("only learned position embeddings are resampled")
         self.image_size, self.grid_size = (image_h, image_w), grid
+        self.config["image_size"] = [image_h, image_w]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward_head(self.forward_features(x, mask=mask))

@@ -22,6 +22,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.errors import UsageError, one_line
+from vit.export import is_exported, read_folder
 from vit.model import ViT
 
 SOURCES = ("timm",)
@@ -109,7 +110,7 @@ def _from_timm(model: nn.Module, name: str) -> ViT:
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     layer_scale = not isinstance(block.ls1, nn.Identity)
     ours = ViT(
-        num_classes=max(num_classes, 1),
+        num_classes=num_classes,
         image_size=tuple(model.patch_embed.img_size),
         patch_size=proj.kernel_size[0],
         in_channels=proj.in_channels,
@@ -130,10 +131,6 @@ def _from_timm(model: nn.Module, name: str) -> ViT:
         layer_scale=1.0 if layer_scale else None,  # the values come with the weights
         qkv_bias=block.attn.qkv.bias is not None,
     )
-    if num_classes == 0:  # features only: the pooled (and normed) token
-        ours.head = nn.Identity()
-        if distilled:
-            raise UsageError(f"timm:{name} has a distillation token but no head")
     source = model.state_dict()
     # ours -> timm's; a convolution over (c, p1, p2) is a linear map of the (p1 p2 c)-flattened patch
     state = {
@@ -154,10 +151,15 @@ def _from_timm(model: nn.Module, name: str) -> ViT:
 
 
 def load_pretrained(source: str, weights: str | Path | None = None) -> ViT:
-    """A `ViT` that computes what `source`'s model computes: `timm:<model name>`. With `weights`
-    (.safetensors, or a .pth/.bin state dict), nothing is downloaded and the head (its class
-    count, or none) is read from the file; without, the library fetches its weights."""
+    """A `ViT` that computes what `source`'s model computes: `timm:<model name>`, or a folder
+    written by vit-export (`vit.export`). With `weights` (.safetensors, or a .pth/.bin state
+    dict), nothing is downloaded and the head (its class count, or none) is read from the file;
+    without, the library fetches its weights."""
+    if is_exported(source):
+        if weights is not None:
+            raise UsageError(f"{source} holds its own weights; give no weights file with it")
+        return read_folder(source)[0]
     kind, _, name = source.partition(":")
     if kind not in SOURCES or not name:
-        raise UsageError(f"unknown model source {source!r}; give timm:<model name>")
+        raise UsageError(f"unknown model source {source!r}; give timm:<model name> or a vit-export folder")
     return _from_timm(_timm_model(name, weights), name)

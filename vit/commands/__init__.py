@@ -1,2 +1,3 @@
 """The commands, one module each: `train` (vit-train), `eval` (vit-eval), `attention`
-(vit-attention), and `base`, what they share (parsing, one-line errors, exit codes)."""
+(vit-attention), `export` (vit-export), and `base`, what they share (parsing, one-line errors,
+exit codes)."""

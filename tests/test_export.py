@@ -1,0 +1,64 @@
+"""`vit-export` writes a checkpoint's ViT as model.safetensors + config.json (no pickle), and
+`vit.load_pretrained` reads the folder back into the same model."""
+
+import json
+
+import torch
+from helpers import command_error
+
+from vit import CNNClassifier, ViT, load_pretrained
+from vit.commands.export import main
+from vit.export import read_folder
+
+
+def test_export_and_load_back(trained, trained_checkpoint, tmp_path, capsys):
+    model, data = trained
+    out = tmp_path / "exported"
+    main(["--ckpt", str(trained_checkpoint), "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert "wrote config.json, model.safetensors" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["format"] == "vit.ViT" and config["model"]["depth"] == 2
+    assert config["preparation"]["classes"] == list(data.classes)  # from the checkpoint's data module
+    loaded = load_pretrained(str(out))
+    assert isinstance(loaded, ViT) and not loaded.training
+    images = data.split("test")[:8][0]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), model.model(images), atol=1e-6, rtol=0)
+    _, preparation = read_folder(out)
+    assert preparation == data.preparation
+
+
+def test_a_model_with_registers_and_normalisation_round_trips(tmp_path):
+    """Every option in config.json: a ViT of another layout, non-square, no head, comes back equal."""
+    from vit.export import save_folder
+    from vit.preparation import Preparation
+
+    torch.manual_seed(0)
+    options = dict(num_registers=2, no_embed_class=True, layer_scale=0.5, mean=(0.5,) * 3, std=(0.25,) * 3)
+    model = ViT(num_classes=0, image_size=(16, 24), patch_size=8, dim=32, depth=1, heads=2, **options).eval()
+    save_folder(model, Preparation(3, (16, 24), classes=()), tmp_path)
+    images = torch.rand(2, 3, 16, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(load_pretrained(str(tmp_path))(images), model(images), atol=0, rtol=0)
+
+
+def test_bad_input_is_one_line(trained_checkpoint, tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("the user's")
+    cnn = CNNClassifier(num_classes=4, in_channels=1, receptive_field=3, width=4)
+    torch.save(
+        {
+            "state_dict": cnn.state_dict(),
+            "hyper_parameters": {**cnn.hparams, "_class_path": "vit.CNNClassifier"},
+        },
+        tmp_path / "cnn.ckpt",
+    )
+    for args, status, message in (
+        (["--ckpt", trained_checkpoint, "--out", tmp_path / "file.txt"], 2, "is a file, not a folder"),
+        (["--ckpt", tmp_path / "cnn.ckpt", "--out", tmp_path / "out"], 1, "holds a BagCNN, not a ViT"),
+        (["--ckpt", tmp_path / "missing.ckpt", "--out", tmp_path / "out"], 1, "checkpoint not found"),
+        (["--out", tmp_path / "out"], 2, "the following arguments are required: ckpt"),
+    ):
+        code, error = command_error(main, args, capsys)
+        assert code == status and message in error
+    assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "the user's"

@@ -1,0 +1,46 @@
+"""`vit-export`: a checkpoint's ViT as a folder the ecosystem reads (`vit.export`).
+
+    vit-export --ckpt runs/demo/train/checkpoints/best.ckpt --out exported/demo
+
+Writes `model.safetensors` and `config.json` (the architecture, normalisation included, the
+preparation and the class names); `vit.load_pretrained(folder)` reads it back. Bad input is one
+line `error: ...` and exit status 2 (a bad option) or 1 (a bad checkpoint), nothing written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vit.checkpoint import load_model
+from vit.commands.base import Parser, check_out_folder, run_command
+from vit.export import save_folder
+from vit.model import ViT
+
+
+def export(ckpt: str | Path, out: str | Path) -> list[Path]:
+    check_out_folder(out)
+    classifier, preparation = load_model(ckpt)
+    if not isinstance(classifier.model, ViT):
+        raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT")
+    written = save_folder(classifier.model, preparation, out)
+    print(f"wrote {', '.join(path.name for path in written)} into {out}")
+    return written
+
+
+def parser() -> Parser:
+    parser = Parser(prog="vit-export", description=__doc__.split("\n\n")[0].removeprefix("`vit-export`: "))
+    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="folder for model.safetensors and config.json"
+    )
+    return parser
+
+
+def main(args: list[str] | None = None) -> None:
+    options = parser().parse_args(sys.argv[1:] if args is None else [str(a) for a in args])
+    run_command(export, options.ckpt, options.out)
+
+
+if __name__ == "__main__":
+    main()
