@@ -3,6 +3,7 @@
 
 import json
 
+import pytest
 import torch
 from helpers import command_error
 
@@ -14,9 +15,9 @@ from vit.export import read_folder
 def test_export_and_load_back(trained, trained_checkpoint, tmp_path, capsys):
     model, data = trained
     out = tmp_path / "exported"
-    main(["--ckpt", str(trained_checkpoint), "--out", str(out)])
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    assert "wrote config.json, model.safetensors" in capsys.readouterr().out
+    main(["--ckpt", str(trained_checkpoint), "--out", str(out), "--onnx"])
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.onnx", "model.safetensors"]
+    assert "wrote config.json, model.safetensors, model.onnx" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
     assert config["format"] == "vit.ViT" and config["model"]["depth"] == 2
     assert config["preparation"]["classes"] == list(data.classes)  # from the checkpoint's data module
@@ -62,3 +63,28 @@ def test_bad_input_is_one_line(trained_checkpoint, tmp_path, capsys):
         code, error = command_error(main, args, capsys)
         assert code == status and message in error
     assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "the user's"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # plain
+        dict(num_registers=2, no_embed_class=True),  # registers
+        # shaped like configs/cifar10_cpu.yaml: shifted patches pad by negative amounts, locality
+        # attention masks the diagonal
+        dict(shifted_patches=True, locality_attention=True, patch_norm=True, pool="mean", mlp_ratio=2.0),
+    ],
+)
+def test_onnx_export_runs_in_onnxruntime_as_in_pytorch(tmp_path, options):
+    import onnxruntime
+
+    from vit.export import save_onnx
+
+    torch.manual_seed(0)
+    model = ViT(num_classes=10, image_size=32, patch_size=4, dim=64, depth=2, heads=4, **options).eval()
+    save_onnx(model, tmp_path / "model.onnx")
+    images = torch.rand(5, 3, 32, 32)  # another batch size than the export's
+    [got] = onnxruntime.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"images": images.numpy()})
+    with torch.no_grad():
+        expected = model(images).numpy()
+    assert got.shape == (5, 10) and abs(got - expected).max() <= 1e-4

@@ -34,6 +34,25 @@ def save_folder(model: ViT, preparation: Preparation, folder: str | Path) -> lis
     return [folder / name for name in FILES]
 
 
+def save_onnx(model: ViT, path: str | Path) -> Path:
+    """`model` as ONNX (images in [0, 1] -> logits or features) with a dynamic batch dimension,
+    through PyTorch's exporter (torch.export; it needs onnxscript)."""
+    import torch
+
+    try:
+        import onnxscript  # noqa: F401  (the exporter's dependency: say so in one line if absent)
+    except ImportError as e:
+        raise ValueError("ONNX export needs onnxscript: pip install 'vit[interop]'") from e
+    path = Path(path)
+    images = torch.rand(2, model.in_channels, *model.image_size)
+    batch = torch.export.Dim("batch")
+    torch.onnx.export(
+        model.eval(), (images,), path, input_names=["images"], output_names=["outputs"],
+        dynamic_shapes=({0: batch},), dynamo=True, verbose=False, external_data=False,
+    )  # fmt: skip
+    return path
+
+
 def is_exported(folder: str | Path) -> bool:
     """Whether `folder` looks like a folder written by `save_folder`."""
     try:

@@ -3,7 +3,8 @@
     vit-export --ckpt runs/demo/train/checkpoints/best.ckpt --out exported/demo
 
 Writes `model.safetensors` and `config.json` (the architecture, normalisation included, the
-preparation and the class names); `vit.load_pretrained(folder)` reads it back. Bad input is one
+preparation and the class names); `vit.load_pretrained(folder)` reads it back. `--onnx` adds
+`model.onnx` with a dynamic batch dimension. Bad input is one
 line `error: ...` and exit status 2 (a bad option) or 1 (a bad checkpoint), nothing written.
 """
 
@@ -14,16 +15,18 @@ from pathlib import Path
 
 from vit.checkpoint import load_model
 from vit.commands.base import Parser, check_out_folder, run_command
-from vit.export import save_folder
+from vit.export import save_folder, save_onnx
 from vit.model import ViT
 
 
-def export(ckpt: str | Path, out: str | Path) -> list[Path]:
+def export(ckpt: str | Path, out: str | Path, onnx: bool = False) -> list[Path]:
     check_out_folder(out)
     classifier, preparation = load_model(ckpt)
     if not isinstance(classifier.model, ViT):
         raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT")
     written = save_folder(classifier.model, preparation, out)
+    if onnx:
+        written.append(save_onnx(classifier.model, Path(out) / "model.onnx"))
     print(f"wrote {', '.join(path.name for path in written)} into {out}")
     return written
 
@@ -34,12 +37,17 @@ def parser() -> Parser:
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="folder for model.safetensors and config.json"
     )
+    parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also model.onnx (images in [0, 1], any batch size); needs onnxscript",
+    )
     return parser
 
 
 def main(args: list[str] | None = None) -> None:
     options = parser().parse_args(sys.argv[1:] if args is None else [str(a) for a in args])
-    run_command(export, options.ckpt, options.out)
+    run_command(export, options.ckpt, options.out, options.onnx)
 
 
 if __name__ == "__main__":
