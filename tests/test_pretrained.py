@@ -1,4 +1,5 @@
-"""`vit.load_pretrained` builds, from timm's models, a `ViT` whose outputs equal the source's.
+"""`vit.load_pretrained` builds, from timm's and transformers' models, a `ViT` whose outputs equal
+the source's.
 
 No network: the source models are timm's own, built with random weights and then perturbed away
 from timm's initialisation (which zeroes biases and starts tokens near zero, and would hide a
@@ -13,6 +14,9 @@ from timm.layers import resample_abs_pos_embed
 from vit import load_pretrained
 from vit.errors import UsageError
 from vit.model import resample_pos_embed
+from vit.pretrained import load_source
+
+MEAN, STD = [0.4, 0.5, 0.6], [0.2, 0.3, 0.25]
 
 
 def perturbed_weights(model: torch.nn.Module, path, seed: int = 0):
@@ -138,3 +142,98 @@ def test_bad_input_is_one_line(tmp_path):
             load_pretrained(source, weights=weights)
         assert "\n" not in str(caught.value)
     assert not (tmp_path / "marker").exists()
+
+
+def test_timm_imagenet_heads_come_with_imagenet_class_names(tmp_path):
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    weights = perturbed_weights(source, tmp_path / "w.safetensors")
+    _, preparation = load_source("timm:vit_tiny_patch16_224", weights=weights)
+    assert len(preparation.classes) == 1000 and preparation.classes[0] == "tench"
+    assert preparation.class_ids[:2] == ("n01440764", "n01443537")
+    # "crane" names a bird and a machine: each says its synset
+    assert [name for name in preparation.classes if name.startswith("crane")] == [
+        "crane (n02012849)", "crane (n03126707)"
+    ]  # fmt: skip
+    assert preparation.size == (224, 224) and preparation.resize == "center_crop"
+    headless = timm.create_model("vit_small_patch16_224.dino", pretrained=False)
+    weights = perturbed_weights(headless, tmp_path / "dino.safetensors")
+    assert load_source("timm:vit_small_patch16_224.dino", weights=weights)[1].classes == ()
+
+
+def hf_source(tmp_path, architecture: str, crop: bool = False):
+    """A small random transformers model of `architecture`, perturbed, saved with an image
+    processor (mean/std) by save_pretrained into a folder."""
+    import transformers
+
+    if architecture.startswith("Dinov2"):
+        config = transformers.Dinov2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    else:
+        config = transformers.ViTConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+            layer_norm_eps=1e-12, num_labels=5, id2label={i: f"kind {i}" for i in range(5)},
+        )  # fmt: skip
+    config.image_size, config.patch_size = 48, 8
+    model = getattr(transformers, architecture)(config).eval()
+    perturbed_weights(model, tmp_path / "unused.safetensors")
+    folder = tmp_path / architecture
+    model.save_pretrained(folder)
+    processor = transformers.ViTImageProcessor(image_mean=MEAN, image_std=STD, size={"height": 48, "width": 48})
+    if crop:
+        processor = transformers.BitImageProcessor(image_mean=MEAN, image_std=STD, crop_size=48)
+    processor.save_pretrained(folder)
+    return model, folder
+
+
+def hf_output(model, images):
+    """What transformers computes for images in [0, 1]: logits, or (no head) the normed class token."""
+    mean, std = (torch.tensor(v)[:, None, None] for v in (MEAN, STD))
+    with torch.no_grad():
+        output = model(pixel_values=(images - mean) / std)
+    return output.logits if hasattr(output, "logits") else output.last_hidden_state[:, 0]
+
+
+@pytest.mark.parametrize("architecture", ["ViTForImageClassification", "ViTModel", "Dinov2Model"])
+def test_transformers_models_give_the_same_outputs(tmp_path, architecture):
+    model, folder = hf_source(tmp_path, architecture, crop=architecture == "Dinov2Model")
+    ours, preparation = load_source(f"hf:{folder}")
+    images = torch.rand(2, 3, 48, 48, generator=torch.Generator().manual_seed(4))
+    expected = hf_output(model, images)
+    with torch.no_grad():
+        got = ours(images)
+    assert got.shape == expected.shape and (got - expected).abs().max() <= 1e-4
+    assert preparation.size == (48, 48)
+    if architecture == "ViTForImageClassification":
+        assert preparation.classes == tuple(f"kind {i}" for i in range(5))
+        assert preparation.resize == "stretch" and ours.norm.eps == 1e-12
+    else:
+        assert preparation.classes == ()
+    if architecture == "Dinov2Model":
+        assert preparation.resize == "center_crop"  # DINOv2's processor crops
+        assert torch.equal(ours.blocks[1].ls2.gamma, model.encoder.layer[1].layer_scale2.lambda1)
+
+
+def test_transformers_weights_from_a_file_and_bad_input(tmp_path):
+    import transformers
+
+    model, folder = hf_source(tmp_path, "Dinov2Model")
+    # the weights without Dinov2's mask_token (used only in masked training): not missing
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if "mask_token" not in k}
+    save_file(state, str(tmp_path / "dinov2.safetensors"))
+    ours = load_pretrained(f"hf:{folder}", weights=tmp_path / "dinov2.safetensors")
+    images = torch.rand(1, 3, 48, 48, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (ours(images) - hf_output(model, images)).abs().max() <= 1e-4
+    del state["layernorm.weight"]
+    save_file(state, str(tmp_path / "cut.safetensors"))
+    other = transformers.Dinov2ForImageClassification(model.config)
+    other.config.architectures = ["Dinov2ForImageClassification"]
+    other.save_pretrained(tmp_path / "other")
+    transformers.ViTImageProcessor().save_pretrained(tmp_path / "other")
+    for source, weights, error, message in (
+        (f"hf:{folder}", tmp_path / "cut.safetensors", ValueError, "does not fit .*missing layernorm.weight"),
+        (f"hf:{tmp_path / 'other'}", None, UsageError, "is a Dinov2ForImageClassification; vit.ViT reads"),
+        (f"hf:{tmp_path / 'nothing'}", None, ValueError, "cannot read the config and image processor"),
+    ):
+        with pytest.raises(error, match=message) as caught:
+            load_pretrained(source, weights=weights)
+        assert "\n" not in str(caught.value)

@@ -44,11 +44,18 @@ class Preparation:
     resize: str = "stretch"
     pad: int = 0
     classes: tuple[str, ...] = field(default=())  # names of the model's outputs, in order
+    # other names of the same outputs that folders may be named by: ImageNet's synsets (n01440764)
+    class_ids: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
         size = (self.size, self.size) if isinstance(self.size, int) else tuple(int(s) for s in self.size)
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+        object.__setattr__(self, "class_ids", tuple(str(c) for c in self.class_ids))
+        require(
+            not self.class_ids or len(self.class_ids) == len(self.classes),
+            f"{len(self.class_ids)} class ids for {len(self.classes)} classes",
+        )
         require(self.channels in MODES, f"channels={self.channels} must be 1 (grayscale) or 3 (RGB)")
         require(self.resize in RESIZES, f"resize={self.resize!r} must be 'stretch' or 'center_crop'")
         require(self.pad >= 0, f"pad={self.pad} must be >= 0")
@@ -60,7 +67,9 @@ class Preparation:
 
     def to_dict(self) -> dict:
         """Plain lists, strings and numbers: what a checkpoint stores."""
-        return {**asdict(self), "size": list(self.size), "classes": list(self.classes)}
+        values = {**asdict(self), "size": list(self.size), "classes": list(self.classes)}
+        values["class_ids"] = list(self.class_ids)
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> Preparation:

@@ -2,14 +2,18 @@
 
     model = vit.load_pretrained("timm:vit_tiny_patch16_224", weights="vit_tiny.safetensors")
 
-`source` names a model of another library: `timm:<model name>` for now. The source's own code
-builds its model (with `weights`, from that file and nothing downloaded; without, fetching its
-weights as the library normally does), then its weights are copied into a `ViT` of the same
-architecture (class, distillation and register tokens, positions on the patches only, average
+`source` names a model of another library: `timm:<model name>`, or `hf:<repo id or a folder written
+by transformers' save_pretrained>` (ViTForImageClassification, ViTModel, Dinov2Model), or a folder
+written by vit-export. The source's own code builds its model (with `weights`, from that file and
+nothing downloaded; without, fetching its weights as the library normally does), then its weights
+are copied into a `ViT` of the same architecture (class, distillation and register tokens, positions on the patches only, average
 pooling with fc_norm, pre_norm, LayerScale), which takes images in [0, 1] and applies the source's
 mean/std itself. A feature the source model has and `ViT` does not (qk-norm, attention pooling,
 ...) is refused with one line naming it, never mapped into a different model.
-`tests/test_pretrained.py` checks the logits against the source's on random inputs.
+`load_source` also returns the `Preparation` that goes with the model (its input size, the
+source's resize, its class names: ImageNet's from timm's class-info data, or the Hugging Face
+config's labels). `tests/test_pretrained.py` checks the outputs against the source's on random
+inputs.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from torch import nn
 from vit.errors import UsageError, one_line
 from vit.export import is_exported, read_folder
 from vit.model import ViT
+from vit.preparation import Preparation
 
-SOURCES = ("timm",)
+SOURCES = ("timm", "hf")
+HF_ARCHITECTURES = ("ViTForImageClassification", "ViTModel", "Dinov2Model")
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -150,16 +156,184 @@ def _from_timm(model: nn.Module, name: str) -> ViT:
     return ours.eval()
 
 
-def load_pretrained(source: str, weights: str | Path | None = None) -> ViT:
-    """A `ViT` that computes what `source`'s model computes: `timm:<model name>`, or a folder
-    written by vit-export (`vit.export`). With `weights` (.safetensors, or a .pth/.bin state
-    dict), nothing is downloaded and the head (its class count, or none) is read from the file;
-    without, the library fetches its weights."""
+def short_names(descriptions: list[str], synsets: list[str]) -> list[str]:
+    """ImageNet's "tench, Tinca tinca" -> "tench"; a name that two classes share ("crane", the
+    bird and the machine) says its synset too: "crane (n02012849)"."""
+    short = [d.split(",")[0].strip() for d in descriptions]
+    counts = {name: short.count(name) for name in short}
+    return [name if counts[name] == 1 else f"{name} ({s})" for name, s in zip(short, synsets)]
+
+
+def _timm_preparation(model: nn.Module, ours: ViT) -> Preparation:
+    """timm's input size and crop, and the head's class names: ImageNet's (from timm's own
+    class-info data) when the head is ImageNet's, else numbered."""
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    classes, ids = [str(i) for i in range(ours.config["num_classes"])], []
+    subset = infer_imagenet_subset(model) if ours.config["num_classes"] else None
+    if subset:
+        info = ImageNetInfo(subset)
+        if info.num_classes() == ours.config["num_classes"]:
+            ids = info.label_names()
+            classes = short_names(info.label_descriptions(), ids)
+    squash = model.pretrained_cfg.get("crop_mode") == "squash"
+    return Preparation(
+        channels=ours.in_channels,
+        size=ours.image_size,
+        resize="stretch" if squash else "center_crop",
+        classes=classes,
+        class_ids=ids,
+    )
+
+
+def _hf_model(name: str, weights: str | Path | None) -> tuple[nn.Module, object]:
+    """The transformers model `name` names (a Hub repo id, or a folder written by save_pretrained)
+    and its image processor."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(name)
+        processor = transformers.AutoImageProcessor.from_pretrained(name)
+    except Exception as e:  # no such folder, no network, no preprocessor_config.json
+        raise ValueError(
+            f"cannot read the config and image processor of hf:{name} ({type(e).__name__}: "
+            f"{one_line(e)[:150]}); give a folder written by save_pretrained (with the image "
+            f"processor's preprocessor_config.json)"
+        ) from e
+    architecture = (config.architectures or [type(config).__name__.replace("Config", "Model")])[0]
+    if architecture not in HF_ARCHITECTURES:
+        raise UsageError(
+            f"hf:{name} is a {architecture}; vit.ViT reads {', '.join(HF_ARCHITECTURES)}"
+        )
+    model_class = getattr(transformers, architecture)
+    if weights is None:
+        try:
+            return model_class.from_pretrained(name), processor
+        except Exception as e:
+            raise ValueError(
+                f"cannot fetch the weights of hf:{name} ({type(e).__name__}: {one_line(e)[:150]}); "
+                f"give a file with weights=FILE (.safetensors or .bin)"
+            ) from e
+    state = read_state_dict(weights)
+    head = state.get("classifier.weight")
+    if architecture == "ViTForImageClassification" and head is not None:
+        config.num_labels = head.shape[0]
+    model = model_class(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("mask_token")]  # for masked training only
+    if missing or unexpected:
+        text = f"missing {', '.join(missing) or 'none'}; unexpected {', '.join(unexpected) or 'none'}"
+        raise ValueError(f"{weights} does not fit hf:{name}: {text[:300]}")
+    return model, processor
+
+
+def _check_hf_features(model: nn.Module, name: str) -> None:
+    config = model.config
+    unsupported = {
+        f"hidden_act={config.hidden_act!r} (not exact GELU)": config.hidden_act != "gelu",
+        "a SwiGLU MLP": getattr(config, "use_swiglu_ffn", False),
+        "no final layer norm": not getattr(config, "apply_layernorm", True),
+    }
+    found = [feature for feature, present in unsupported.items() if present]
+    if found:
+        raise UsageError(f"hf:{name} has {', '.join(found)}, which vit.ViT does not express")
+
+
+def _first(module: nn.Module, *names: str) -> nn.Module:
+    """The first of `names` that `module` has (transformers names a norm differently per model)."""
+    return next(getattr(module, n) for n in names if hasattr(module, n))
+
+
+def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
+    _check_hf_features(model, name)
+    config = model.config
+    base = getattr(model, "vit", model)  # ViTForImageClassification wraps a ViTModel
+    embeddings = base.embeddings
+    layers = base.layers if hasattr(base, "layers") else base.encoder.layer
+    proj = embeddings.patch_embeddings.projection
+    head = getattr(model, "classifier", None)
+    dim = config.hidden_size
+    layer_scale = hasattr(layers[0], "layer_scale1")
+    ours = ViT(
+        num_classes=head.out_features if head is not None else 0,
+        image_size=config.image_size,
+        patch_size=proj.kernel_size[0],
+        in_channels=proj.in_channels,
+        dim=dim,
+        depth=len(layers),
+        heads=config.num_attention_heads,
+        mlp_ratio=layers[0].mlp.fc1.out_features / dim,
+        pool="cls",
+        norm_eps=config.layer_norm_eps,
+        mean=tuple(processor.image_mean),
+        std=tuple(processor.image_std),
+        layer_scale=1.0 if layer_scale else None,  # the values come with the weights
+        qkv_bias=config.qkv_bias,
+    )
+    # ours <- theirs, module by module (transformers renames its keys between versions)
+    state = {
+        "cls_token": embeddings.cls_token,
+        "pos_embed": embeddings.position_embeddings,
+        "to_patch_embedding.1.weight": rearrange(proj.weight, "d c p1 p2 -> d (p1 p2 c)"),
+        "to_patch_embedding.1.bias": proj.bias,
+    }
+
+    def take(prefix: str, module: nn.Module) -> None:
+        for kind in ("weight", "bias"):
+            if getattr(module, kind, None) is not None:
+                state[f"{prefix}.{kind}"] = getattr(module, kind)
+
+    for i, layer in enumerate(layers):
+        attention = layer.attention
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+        state[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q.weight, k.weight, v.weight])
+        if q.bias is not None:
+            state[f"blocks.{i}.attn.qkv.bias"] = torch.cat([q.bias, k.bias, v.bias])
+        take(f"blocks.{i}.attn.proj", attention.o_proj)
+        take(f"blocks.{i}.norm1", _first(layer, "layernorm_before", "norm1"))
+        take(f"blocks.{i}.norm2", _first(layer, "layernorm_after", "norm2"))
+        take(f"blocks.{i}.mlp.0", layer.mlp.fc1)
+        take(f"blocks.{i}.mlp.3", layer.mlp.fc2)
+        if layer_scale:
+            state[f"blocks.{i}.ls1.gamma"] = layer.layer_scale1.lambda1
+            state[f"blocks.{i}.ls2.gamma"] = layer.layer_scale2.lambda1
+    take("norm", base.layernorm)
+    if head is not None:
+        take("head", head)
+    ours.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    labels = getattr(config, "id2label", None) or {}
+    classes = [labels.get(i, str(i)) for i in range(ours.config["num_classes"])]
+    crop = getattr(processor, "do_center_crop", False)
+    preparation = Preparation(
+        channels=ours.in_channels, size=ours.image_size, resize="center_crop" if crop else "stretch",
+        classes=classes,
+    )  # fmt: skip
+    return ours.eval(), preparation
+
+
+def load_source(source: str, weights: str | Path | None = None) -> tuple[ViT, Preparation]:
+    """`load_pretrained`'s model, and the `Preparation` that goes with it: how image files become
+    its input (the source's size and resize) and the names of its outputs."""
     if is_exported(source):
         if weights is not None:
             raise UsageError(f"{source} holds its own weights; give no weights file with it")
-        return read_folder(source)[0]
-    kind, _, name = source.partition(":")
+        return read_folder(source)
+    kind, _, name = str(source).partition(":")
     if kind not in SOURCES or not name:
-        raise UsageError(f"unknown model source {source!r}; give timm:<model name> or a vit-export folder")
-    return _from_timm(_timm_model(name, weights), name)
+        raise UsageError(
+            f"unknown model source {source!r}; give timm:<model name>, hf:<repo id or folder> "
+            f"or a folder written by vit-export"
+        )
+    if kind == "hf":
+        return _from_hf(*_hf_model(name, weights), name)
+    model = _timm_model(name, weights)
+    ours = _from_timm(model, name)
+    return ours, _timm_preparation(model, ours)
+
+
+def load_pretrained(source: str, weights: str | Path | None = None) -> ViT:
+    """A `ViT` that computes what `source`'s model computes: `timm:<model name>`,
+    `hf:<repo id or save_pretrained folder>`, or a folder written by vit-export (`vit.export`).
+    With `weights` (.safetensors, or a .pth/.bin state dict), nothing is downloaded and the head
+    (its class count, or none) is read from the file; without, the library fetches its weights."""
+    return load_source(source, weights)[0]
