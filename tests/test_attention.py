@@ -292,6 +292,8 @@ def test_every_method_works_with_several_prefix_tokens(options):
         found = explain(model, images, method, query_patch=(1, 2) if method == "query" else None)
         assert found.maps.shape == (2, 4, 6) and torch.isfinite(found.maps).all(), method
         assert found.logits.shape == (2, 3)
+        if model.num_registers and method in ("cls", "query"):  # reported, not drawn
+            assert f"of its attention in layer 1 to the {model.num_registers} register tokens" in found.note
     if model.cls_token is None:
         with pytest.raises(ValueError, match="no class token"):
             explain(model, images, "cls")

@@ -166,7 +166,7 @@ class Uint8TwoCircles(TwoCircles):
 def test_a_split_of_bytes_is_measured_as_the_model_sees_it(trained):
     model, _ = trained
     data = Uint8TwoCircles(num_train=8, num_val=8, num_test=40, batch_size=16)
-    probabilities, labels = collect_probabilities(model, data, progress=False)
+    probabilities, labels = collect_probabilities(model, data.split("test"), progress=False)
     images, expected_labels = data.splits["test"].images, data.splits["test"].labels
     expected = predict_probabilities(model, (images * 255).round() / 255)
     torch.testing.assert_close(probabilities, expected)

@@ -5,15 +5,19 @@ No network: the source models are timm's own, built with random weights and then
 from timm's initialisation (which zeroes biases and starts tokens near zero, and would hide a
 wrong mapping), saved to a file and loaded from it."""
 
+import json
+
 import pytest
 import timm
 import torch
+from helpers import command_error, write_image
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
 from vit import load_pretrained
 from vit.errors import UsageError
 from vit.model import resample_pos_embed
+from vit.preparation import Preparation
 from vit.pretrained import load_source
 
 MEAN, STD = [0.4, 0.5, 0.6], [0.2, 0.3, 0.25]
@@ -177,7 +181,8 @@ def hf_source(tmp_path, architecture: str, crop: bool = False):
     perturbed_weights(model, tmp_path / "unused.safetensors")
     folder = tmp_path / architecture
     model.save_pretrained(folder)
-    processor = transformers.ViTImageProcessor(image_mean=MEAN, image_std=STD, size={"height": 48, "width": 48})
+    size = {"height": 48, "width": 48}
+    processor = transformers.ViTImageProcessor(image_mean=MEAN, image_std=STD, size=size)
     if crop:
         processor = transformers.BitImageProcessor(image_mean=MEAN, image_std=STD, crop_size=48)
     processor.save_pretrained(folder)
@@ -237,3 +242,102 @@ def test_transformers_weights_from_a_file_and_bad_input(tmp_path):
         with pytest.raises(error, match=message) as caught:
             load_pretrained(source, weights=weights)
         assert "\n" not in str(caught.value)
+
+
+# Using imported models: vit-eval and vit-attention with --model
+
+
+@pytest.fixture(scope="module")
+def tiny_timm(tmp_path_factory):
+    """timm's vit_tiny_patch16_224 (an ImageNet head), perturbed, as a weights file."""
+    folder = tmp_path_factory.mktemp("timm")
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    return source.eval(), perturbed_weights(source, folder / "vit_tiny.safetensors")
+
+
+def test_vit_eval_measures_an_imported_model_on_a_subset_of_its_classes(tiny_timm, tmp_path, capsys):
+    """Class folders named by ImageNet synsets or class names, a few of the model's 1000 classes;
+    a prediction of any other class is wrong."""
+    from vit.commands import eval as vit_eval
+    from vit.preparation import read_images
+
+    source, weights = tiny_timm
+    _, preparation = load_source("timm:vit_tiny_patch16_224", weights=weights)
+    pictures = []
+    for j in range(6):
+        pictures.append(tmp_path / "pictures" / f"{j}.png")
+        write_image(pictures[-1], 40 * j, "RGB", (300, 240))
+    predicted = source_output(source, read_images(pictures, preparation)).argmax(-1).tolist()
+    # the first two pictures in the folder of the first one's predicted class (by its synset):
+    # at least one right; the others in folders named "tench" and "goldfish"
+    names = [preparation.class_ids[predicted[0]]] * 2 + ["tench"] * 2 + ["goldfish"] * 2
+    for picture, name in zip(pictures, names, strict=True):
+        (tmp_path / "val" / name).mkdir(parents=True, exist_ok=True)
+        picture.rename(tmp_path / "val" / name / picture.name)
+    labels = [predicted[0]] * 2 + [0, 0, 1, 1]
+    model = ["--model", "timm:vit_tiny_patch16_224", "--weights", weights]
+    vit_eval.main([*model, "--data", f"root={tmp_path / 'val'}", "--out", tmp_path / "eval"])
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    right = [p == label for p, label in zip(predicted, labels, strict=True)]
+    assert metrics["num_images"] == 6 and metrics["num_classes"] == 1000
+    assert metrics["top1"] == pytest.approx(sum(right) / 6) and metrics["top1"] >= 1 / 6
+    present = sorted({0, 1, predicted[0]})
+    assert list(metrics["per_class"]) == [preparation.classes[i] for i in present]
+    confusion = torch.tensor(metrics["confusion_matrix"])  # a row per class present, + "other"
+    assert confusion.shape == (len(present), len(present) + 1)
+    assert metrics["confusion_columns"][-1] == "other"
+    assert int(confusion[:, -1].sum()) == sum(p not in present for p in predicted)
+    assert (tmp_path / "eval" / "confusion.png").is_file()
+    assert "model           timm:vit_tiny_patch16_224" in capsys.readouterr().out
+
+    write_image(tmp_path / "val" / "n99999999" / "0.png", 10, "RGB", (32, 32))
+    status, line = command_error(vit_eval.main, [*model, "--data", f"root={tmp_path / 'val'}"], capsys)
+    assert status == 2 and "the model has no class 'n99999999'" in line
+
+    files = [tmp_path / "val" / "tench" / "2.png", tmp_path / "val" / "goldfish" / "4.png"]
+    out = vit_eval.predict(None, files, top_k=2, model="timm:vit_tiny_patch16_224", weights=weights)
+    assert [r["top_k"][0]["class"] for r in out] == [preparation.classes[predicted[i]] for i in (2, 4)]
+    for args, message in (
+        ([*model, "--ckpt", weights], "give a checkpoint (--ckpt) or a model (--model), one of them"),
+        (["--ckpt", weights, "--weights", weights], "--weights goes with --model"),
+        ([*model, "--split", "val", "--data", "root=x"], "with --model, give the images as --data root="),
+    ):
+        status, line = command_error(vit_eval.main, args, capsys)
+        assert status == 2 and message in line
+
+
+@pytest.mark.parametrize("method", ["cls", "query", "rollout", "grad-rollout"])
+def test_vit_attention_draws_an_imported_model_with_registers(tmp_path, capsys, method):
+    """DINOv2 with registers, made small through timm's own overrides and exported: every method
+    draws maps over the patches only, and cls and query report the registers' share."""
+    from vit.commands import attention as vit_attention
+    from vit.export import save_folder
+    from vit.pretrained import _from_timm
+
+    source = timm.create_model(
+        "vit_small_patch14_reg4_dinov2", pretrained=False, img_size=(56, 70), depth=2, num_classes=3
+    )
+    perturbed_weights(source, tmp_path / "unused.safetensors")
+    ours = _from_timm(source, "small vit_small_patch14_reg4_dinov2")
+    save_folder(ours, Preparation(3, (56, 70), classes=("a", "b", "c")), tmp_path / "reg4")
+    write_image(tmp_path / "photos" / "a.png", 90, "RGB", (100, 80))
+    args = ["--model", tmp_path / "reg4", "--images", tmp_path / "photos", "--method", method]
+    if method == "query":
+        args += ["--query-patch", "2,3"]
+    vit_attention.main([*args, "--out", tmp_path / "out"])
+    printed = capsys.readouterr().out
+    name = "query_2_3" if method == "query" else method.replace("-", "_")
+    assert (tmp_path / "out" / f"{name}.png").is_file()
+    assert ("of its attention in layer 1 to the 4 register tokens" in printed) == (method in ("cls", "query"))
+
+
+def test_vit_attention_reads_timm_weights(tiny_timm, tmp_path, capsys):
+    from vit.commands import attention as vit_attention
+
+    _, weights = tiny_timm
+    write_image(tmp_path / "photos" / "a.png", 90, "RGB", (300, 200))
+    model = ["--model", "timm:vit_tiny_patch16_224", "--weights", weights]
+    vit_attention.main([*model, "--images", tmp_path / "photos", "--layer", "-1", "--out", tmp_path / "out"])
+    assert "wrote" in capsys.readouterr().out and (tmp_path / "out" / "cls.png").is_file()
+    status, line = command_error(vit_attention.main, model, capsys)
+    assert status == 2 and "--model has no test set: give image files with --images" in line

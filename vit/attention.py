@@ -410,6 +410,22 @@ def check_explain_options(
         raise UsageError(f"discard_ratio={discard_ratio} must lie in [0, 1)")
 
 
+def register_share(
+    model: ViT, weights: torch.Tensor, layers: list[int], query_patch: tuple[int, int] | None
+) -> str:
+    """How much of its attention the class token (or the query patch) gives the register tokens
+    in the last chosen layer (mean over the heads and images): registers are not patches, so the
+    maps leave them out, and this says what they hold."""
+    query = 0 if query_patch is None else patch_token(model, query_patch)
+    registers = slice(model.num_prefix_tokens - model.num_registers, model.num_prefix_tokens)
+    share = float(weights[-1][:, :, query, registers].sum(-1).mean())
+    who = "the class token" if query_patch is None else f"patch {tuple(query_patch)}"
+    return (
+        f"{who} gives {share:.0%} of its attention in layer {layers[-1]} to the "
+        f"{model.num_registers} register tokens, which the maps (patches only) leave out"
+    )
+
+
 def explain(
     model: ViT,
     images: torch.Tensor,
@@ -463,6 +479,8 @@ def explain(
         else:
             per_layer = query_attention_maps(model, weights, query_patch)
             name = f"query_{query_patch[0]}_{query_patch[1]}"
+        if model.num_registers:
+            note = "; ".join(filter(None, [note, register_share(model, weights, layers, query_patch)]))
         what = METHODS[method].format(patch=tuple(query_patch or ()))
         head_text = f"head {heads[0]}" if len(heads) == 1 else "mean of heads"
         return Explanation(

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from torch import nn
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.errors import UsageError, one_line
 from vit.preparation import Preparation
+from vit.pretrained import load_source
 from vit.two_circles import TwoCircles
 
 # Models a checkpoint may name, by the class path LightningCLI records (either spelling);
@@ -150,6 +152,27 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
     ckpt = read_checkpoint(path, map_location)
     model = build_model(ckpt, path)
     return model, preparation_of(ckpt, model, path)
+
+
+def check_source(ckpt: str | Path | None, model: str | None, weights: str | Path | None) -> None:
+    """A command reads a checkpoint or a model, one of them; a weights file goes with a model."""
+    if (ckpt is None) == (model is None):
+        raise UsageError("give a checkpoint (--ckpt) or a model (--model), one of them")
+    if weights is not None and model is None:
+        raise UsageError("--weights goes with --model (a checkpoint holds its own weights)")
+
+
+def load_network(
+    ckpt: str | Path | None = None, model: str | None = None, weights: str | Path | None = None
+) -> tuple[nn.Module, Preparation]:
+    """The network (in eval mode) and its preparation, from a checkpoint written by vit-train
+    (`ckpt`) or from a model of another library or a vit-export folder (`model`, with an optional
+    `weights` file: `vit.pretrained.load_source`): what the commands that read image files need."""
+    check_source(ckpt, model, weights)
+    if model is not None:
+        return load_source(model, weights)
+    classifier, preparation = load_model(ckpt)
+    return classifier.model, preparation
 
 
 def load_checkpoint(

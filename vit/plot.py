@@ -294,12 +294,19 @@ def save_all(out: Path, files: dict[str, str | Figure]) -> list[Path]:
     return written
 
 
-def confusion_figure(counts: torch.Tensor, classes: list[str], title: str = "confusion matrix") -> Figure:
-    """The confusion matrix `counts` (true class rows, predicted class columns), each row divided
-    by its number of images so that the diagonal reads as per-class accuracy. With at most 20
-    classes every cell shows its percentage and count; rows without images stay blank."""
+def confusion_figure(
+    counts: torch.Tensor,
+    classes: list[str],
+    title: str = "confusion matrix",
+    columns: list[str] | None = None,
+) -> Figure:
+    """The confusion matrix `counts` (true class rows, predicted class columns: `classes`, or
+    `columns` when they differ, such as the classes plus "other"), each row divided by its number
+    of images so that the diagonal reads as per-class accuracy. With at most 20 classes every
+    cell shows its percentage and count; rows without images stay blank."""
     counts = counts.detach().cpu().double()
-    n = len(classes)
+    columns = classes if columns is None else columns
+    n = len(columns)
     rows = counts.sum(dim=1, keepdim=True)
     shares = (counts / rows).numpy()  # nan in a row without images
     side = min(max(3.5, 0.55 * n + 2.0), 16.0)
@@ -307,8 +314,8 @@ def confusion_figure(counts: torch.Tensor, classes: list[str], title: str = "con
     ax = fig.subplots()
     shown = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
     fontsize = 8 if n <= 10 else 6
-    ax.set_xticks(range(n), classes, rotation=45 if n > 4 else 0, ha="right" if n > 4 else "center")
-    ax.set_yticks(range(n), classes)
+    ax.set_xticks(range(n), columns, rotation=45 if n > 4 else 0, ha="right" if n > 4 else "center")
+    ax.set_yticks(range(len(classes)), classes)
     ax.tick_params(labelsize=fontsize)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")

@@ -68,7 +68,10 @@ class Preparation:
     def to_dict(self) -> dict:
         """Plain lists, strings and numbers: what a checkpoint stores."""
         values = {**asdict(self), "size": list(self.size), "classes": list(self.classes)}
-        values["class_ids"] = list(self.class_ids)
+        if self.class_ids:
+            values["class_ids"] = list(self.class_ids)
+        else:
+            del values["class_ids"]
         return values
 
     @classmethod

@@ -6,14 +6,14 @@
 by transformers' save_pretrained>` (ViTForImageClassification, ViTModel, Dinov2Model), or a folder
 written by vit-export. The source's own code builds its model (with `weights`, from that file and
 nothing downloaded; without, fetching its weights as the library normally does), then its weights
-are copied into a `ViT` of the same architecture (class, distillation and register tokens, positions on the patches only, average
-pooling with fc_norm, pre_norm, LayerScale), which takes images in [0, 1] and applies the source's
-mean/std itself. A feature the source model has and `ViT` does not (qk-norm, attention pooling,
-...) is refused with one line naming it, never mapped into a different model.
-`load_source` also returns the `Preparation` that goes with the model (its input size, the
-source's resize, its class names: ImageNet's from timm's class-info data, or the Hugging Face
-config's labels). `tests/test_pretrained.py` checks the outputs against the source's on random
-inputs.
+are copied into a `ViT` of the same architecture (class, distillation and register tokens,
+positions on the patches only, average pooling with fc_norm, pre_norm, LayerScale), which takes
+images in [0, 1] and applies the source's mean/std itself. A feature the source model has and
+`ViT` does not (qk-norm, attention pooling, ...) is refused with one line naming it, never mapped
+into a different model. `load_source` also returns the `Preparation` that goes with the model
+(its input size, the source's resize, its class names: ImageNet's from timm's class-info data,
+or the Hugging Face config's labels). `tests/test_pretrained.py` checks the outputs against the
+source's on random inputs.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def short_names(descriptions: list[str], synsets: list[str]) -> list[str]:
     bird and the machine) says its synset too: "crane (n02012849)"."""
     short = [d.split(",")[0].strip() for d in descriptions]
     counts = {name: short.count(name) for name in short}
-    return [name if counts[name] == 1 else f"{name} ({s})" for name, s in zip(short, synsets)]
+    return [name if counts[name] == 1 else f"{name} ({s})" for name, s in zip(short, synsets, strict=True)]
 
 
 def _timm_preparation(model: nn.Module, ours: ViT) -> Preparation:
@@ -202,9 +202,7 @@ def _hf_model(name: str, weights: str | Path | None) -> tuple[nn.Module, object]
         ) from e
     architecture = (config.architectures or [type(config).__name__.replace("Config", "Model")])[0]
     if architecture not in HF_ARCHITECTURES:
-        raise UsageError(
-            f"hf:{name} is a {architecture}; vit.ViT reads {', '.join(HF_ARCHITECTURES)}"
-        )
+        raise UsageError(f"hf:{name} is a {architecture}; vit.ViT reads {', '.join(HF_ARCHITECTURES)}")
     model_class = getattr(transformers, architecture)
     if weights is None:
         try:

@@ -3,12 +3,14 @@
     vit-attention --ckpt runs/demo/train/checkpoints/best.ckpt --out attention
     vit-attention --ckpt best.ckpt --method query --query-patch 1,2 --layer -1
     vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
+    vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
 
 The maps come from `vit.attention.explain`; this command loads, draws and saves. Image files need
-only the checkpoint (its `Preparation`: no data module is built); test images come from the
-checkpoint's data module. Every check of the arguments runs before anything is computed or
-written; a bad one stops the command with one line `error: ...` and exit status 2 (a bad option or
-value) or 1 (a missing or unreadable file), and no output folder is made.
+only the checkpoint (its `Preparation`: no data module is built) or a model of another library
+(`--model`, `vit.pretrained`); test images come from the checkpoint's data module. Every check
+of the arguments runs before anything is computed or written; a bad one stops the command with
+one line `error: ...` and exit status 2 (a bad option or value) or 1 (a missing or unreadable
+file), and no output folder is made.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from vit.attention import (
     mean_attention_distance,
     pos_embed_similarity,
 )
-from vit.checkpoint import load_checkpoint, load_model
-from vit.commands.base import Parser, check_out_folder, run_command
+from vit.checkpoint import check_source, load_checkpoint, load_network
+from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
 from vit.errors import UsageError
 from vit.model import ViT
 from vit.plot import (
@@ -64,7 +66,9 @@ def file_tag(stem: str) -> str:
 
 def attention(
     *,
-    ckpt: Path,
+    ckpt: Path | None = None,
+    model: str | None = None,
+    weights: Path | None = None,
     images: list[Path] | None = None,
     num_images: int = 8,
     method: str = "cls",
@@ -89,6 +93,9 @@ def attention(
     options are those of `vit.attention.explain`, and `vit-attention --help` explains them.
     """
     started = time.perf_counter()
+    check_source(ckpt, model, weights)
+    if model is not None and not images:
+        raise UsageError("--model has no test set: give image files with --images")
     check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
     check_out_folder(out)
     if num_images < 1 or batch_size < 1:
@@ -97,18 +104,18 @@ def attention(
         if threads < 1:
             raise UsageError(f"threads={threads} must be at least 1")
         torch.set_num_threads(threads)
-    if images:  # files need the checkpoint alone
-        classifier, preparation = load_model(ckpt)
+    if images:  # files need the checkpoint (or model) alone
+        network, preparation = load_network(ckpt, model, weights)
         names = list(preparation.classes)
     else:
         classifier, datamodule = load_checkpoint(ckpt)
         if datamodule is None:
             raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
         datamodule.prepare_data()  # a download, where the data module was told to make one
-        names = [str(name) for name in datamodule.classes]
-    if not isinstance(classifier.model, ViT):
-        raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT: it has no attention")
-    model: ViT = classifier.model
+        network, names = classifier.model, [str(name) for name in datamodule.classes]
+    if not isinstance(network, ViT):
+        raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
+    model: ViT = network
     if images:
         files = image_files(images)
         batch, labels = read_images(files, preparation), None
@@ -194,11 +201,12 @@ def parser() -> Parser:
             "Draw where a trained ViT looks, over image files or test images of its data set: "
             "<method>.png (every image with its map) and, for cls and query over several layers or "
             "heads, one figure per image with a row per layer and a column per head. "
-            "Checkpoints are read without unpickling code."
+            "Checkpoints are read without unpickling code; --model draws a ViT of timm or "
+            "Hugging Face (registers and other prefix tokens are reported, not drawn)."
         ),
     )
     add = parser.add_argument
-    add("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    add_source_arguments(parser)
     add(
         "--images",
         nargs="+",

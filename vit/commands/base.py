@@ -56,6 +56,23 @@ class Parser(OneLineErrors, ArgumentParser):
     """The parser of vit-eval and vit-attention."""
 
 
+def add_source_arguments(parser: Parser) -> None:
+    """--ckpt, or --model with an optional --weights: where a command's network comes from."""
+    parser.add_argument("--ckpt", default=None, metavar="PATH", help="checkpoint written by vit-train")
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="SOURCE",
+        help="instead of --ckpt: timm:NAME, hf:REPO_ID_OR_FOLDER or a folder written by vit-export",
+    )
+    parser.add_argument(
+        "--weights",
+        default=None,
+        metavar="FILE",
+        help="the --model's weights (.safetensors, .pth, .bin): nothing is downloaded",
+    )
+
+
 def check_out_folder(out: str | Path | None) -> None:
     """An output folder given by the user is a folder, or not there yet (checked before any work)."""
     if out is not None and Path(out).exists() and not Path(out).is_dir():

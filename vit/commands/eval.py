@@ -5,6 +5,8 @@
     vit-eval --ckpt best.ckpt --data test_split=far                    # another two-circles test set
     vit-eval --ckpt best.ckpt --data root=/data/other                  # another image folder
     vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top-k 3        # top classes as JSON
+    vit-eval --model timm:deit_tiny_patch16_224 --weights deit.safetensors --data root=imagenet/val
+    vit-eval predict --model hf:google/vit-base-patch16-224 cat.jpg    # models of other libraries
 
 Checkpoints are read without unpickling code (`vit.checkpoint`). Measuring rebuilds the model
 and its data module from the checkpoint; `predict` needs only the checkpoint: its `Preparation`
@@ -29,11 +31,13 @@ from torchmetrics.functional.classification import (
 )
 from tqdm import tqdm
 
-from vit.checkpoint import load_checkpoint, load_model
-from vit.commands.base import Parser, check_out_folder, run_command
+from vit.checkpoint import check_source, load_checkpoint, load_network
+from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
+from vit.datamodules import InMemory
+from vit.decode import class_folders, read_image_folder
 from vit.errors import UsageError
 from vit.plot import confusion_figure, reliability_figure, save_all
-from vit.preparation import read_images
+from vit.preparation import Preparation, read_images
 
 SPLITS = ("test", "val")
 DEVICES = ("auto", "cpu", "cuda")
@@ -78,29 +82,64 @@ def predict_probabilities(model: torch.nn.Module, images: torch.Tensor, tta: boo
 
 @torch.no_grad()
 def collect_probabilities(
-    classifier: torch.nn.Module,
-    datamodule,
-    split: str = "test",
+    model: torch.nn.Module,
+    dataset: InMemory,
+    batch_size: int = 128,
     tta: bool = False,
     device: str = "cpu",
     progress: bool = True,
-    batch_size: int | None = None,
+    desc: str = "test split",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities (N, classes) and labels (N,) of every image of the data module's split
-    (`datamodule.split`, whose images are ready for the model), in batches of `batch_size`
-    (default: the data module's), with a progress bar."""
-    dataset = datamodule.split(split)
+    """Probabilities (N, classes) and labels (N,) of every image of `dataset` (a split, whose
+    images are ready for the model), in batches of `batch_size`, with a progress bar."""
     if len(dataset) == 0:
-        raise ValueError(f"the {split} split of {type(datamodule).__name__} holds no images")
-    batch_size = batch_size or datamodule.hparams.get("batch_size", 128)
-    classifier = classifier.to(device).eval()
+        raise ValueError(f"the {desc} holds no images")
+    model = model.to(device).eval()
     probabilities, labels = [], []
     starts = range(0, len(dataset), batch_size)
-    for start in tqdm(starts, desc=f"{split} split", unit="batch", disable=not progress, file=sys.stderr):
+    for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
         images, targets = dataset[start : start + batch_size]
-        probabilities.append(predict_probabilities(classifier, images.to(device), tta).cpu())
+        probabilities.append(predict_probabilities(model, images.to(device), tta).cpu())
         labels.append(targets)
     return torch.cat(probabilities), torch.cat(labels)
+
+
+def output_indices(names: list[str], preparation: Preparation, folder: Path) -> list[int]:
+    """For each class folder name, the model output it names: a class name of the model or, for
+    ImageNet heads, a synset (n01440764). A name the model does not know is a UsageError."""
+    if not preparation.classes:
+        raise UsageError("the model has no head (it outputs features): it has no classes to evaluate")
+    lookup = {name: i for i, name in enumerate(preparation.classes)}
+    lookup |= {name: i for i, name in enumerate(preparation.class_ids)}
+    unknown = [name for name in names if name not in lookup]
+    if unknown:
+        ids = " or ImageNet synsets (such as n01440764)" if preparation.class_ids else ""
+        raise UsageError(
+            f"the model has no class {unknown[0]!r} (a class folder of {folder}; {len(unknown)} such); "
+            f"name the folders by its class names ({', '.join(preparation.classes[:3])}, ...){ids}"
+        )
+    return [lookup[name] for name in names]
+
+
+def folder_split(folder: Path, preparation: Preparation) -> tuple[InMemory, list[int]]:
+    """The images of `folder/<class>/*` prepared for a model, labelled with the model output each
+    class folder names (`output_indices`), and those outputs, in the model's order."""
+    names = class_folders(folder)
+    outputs = output_indices(names, preparation, folder)
+    images, labels = read_image_folder(folder.parent, folder.name, names, preparation, on_bad_file="skip")
+    return InMemory(images, torch.tensor(outputs)[labels]), sorted(set(outputs))
+
+
+def restrict_to(metrics: dict, present: list[int], classes: list[str]) -> dict:
+    """Metrics of data that holds some of the model's classes: per-class rows of those only, and a
+    confusion matrix of their rows whose last column, "other", counts the predictions of any
+    class outside them (wrong, like every prediction of another class)."""
+    confusion = torch.tensor(metrics["confusion_matrix"])[present]
+    kept = confusion[:, present]
+    metrics["confusion_matrix"] = torch.cat([kept, (confusion.sum(1) - kept.sum(1))[:, None]], 1).tolist()
+    metrics["confusion_columns"] = [classes[i] for i in present] + ["other"]
+    metrics["per_class"] = {classes[i]: metrics["per_class"][classes[i]] for i in present}
+    return metrics
 
 
 def reliability_bins(
@@ -164,8 +203,9 @@ def format_table(metrics: dict) -> str:
     """The figures of `evaluate` as a table to read in a terminal."""
     overrides = ", ".join(f"{k}={v}" for k, v in metrics["data_overrides"].items())
     data = f"{metrics['data_module']}, {metrics['split']} split"
+    source = ("checkpoint", metrics["checkpoint"]) if "checkpoint" in metrics else ("model", metrics["model"])
     rows = [
-        ("checkpoint", metrics["checkpoint"]),
+        source,
         ("data", data + (f" ({overrides})" if overrides else "") + (", flip TTA" if metrics["tta"] else "")),
         ("images", metrics["num_images"]),
         ("top-1 accuracy", f"{metrics['top1']:.4f}"),
@@ -183,7 +223,7 @@ def format_table(metrics: dict) -> str:
 
 
 def evaluate(
-    ckpt: str | Path,
+    ckpt: str | Path | None = None,
     split: str = "test",
     data: dict | None = None,
     tta: bool = False,
@@ -191,50 +231,69 @@ def evaluate(
     out: str | Path | None = None,
     device: str = "auto",
     progress: bool = True,
+    model: str | None = None,
+    weights: str | Path | None = None,
 ) -> dict:
-    """Measure a checkpoint on a split of its data module; print the table; with `out`, write
-    metrics.json, confusion.png and reliability.png there. Returns the metrics.
+    """Measure a checkpoint on a split of its data module, or a model (`model`: timm:NAME,
+    hf:ID, a vit-export folder; `weights` its file) on a folder of class folders
+    (data={"root": FOLDER}); print the table; with `out`, write metrics.json, confusion.png and
+    reliability.png there. Returns the metrics.
 
     `data` overrides arguments of the data module rebuilt from the checkpoint (another folder,
-    another test split); `batch_size` is the same as data={"batch_size": ...}.
+    another test split); `batch_size` is the same as data={"batch_size": ...}. A model's class
+    folders are named by its class names or, for ImageNet heads, synsets (n01440764); they may be
+    a subset of its classes (a prediction of another class is wrong).
     """
     if split not in SPLITS:
         raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    check_source(ckpt, model, weights)
     device = torch_device(device)
     data = dict(data or {})
-    if batch_size is not None:
-        if batch_size < 1:
-            raise UsageError(f"batch_size={batch_size} must be at least 1")
-        data["batch_size"] = batch_size
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"batch_size={batch_size} must be at least 1")
     check_out_folder(out)
-    classifier, datamodule = load_checkpoint(ckpt, data=data)
-    if datamodule is None:
-        raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict takes image files")
-    datamodule.prepare_data()  # a download, where the data module was told to make one
-    probabilities, labels = collect_probabilities(classifier, datamodule, split, tta, device, progress)
-    classes = [str(name) for name in datamodule.classes]
+    if model is None:
+        if batch_size is not None:
+            data["batch_size"] = batch_size
+        network, datamodule = load_checkpoint(ckpt, data=data)
+        if datamodule is None:
+            raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict reads files")
+        datamodule.prepare_data()  # a download, where the data module was told to make one
+        dataset, classes, present = datamodule.split(split), [str(c) for c in datamodule.classes], None
+        batch_size = datamodule.hparams.get("batch_size", 128)
+        about = {"checkpoint": str(ckpt), "split": split, "data_module": type(datamodule).__name__}
+        about |= {"data_overrides": data, "data": dict(getattr(datamodule, "hparams", {}))}
+    else:
+        if split != "test" or set(data) != {"root"}:
+            raise UsageError("with --model, give the images as --data root=FOLDER (FOLDER/<class>/<images>)")
+        network, preparation = load_network(ckpt, model, weights)
+        dataset, present = folder_split(Path(data["root"]), preparation)
+        classes, batch_size = list(preparation.classes), batch_size or 64
+        about = {"model": model, "weights": None if weights is None else str(weights), "split": "test"}
+        about |= {"data_module": "class folders", "data_overrides": data, "data": data}
+    probabilities, labels = collect_probabilities(
+        network, dataset, batch_size, tta, device, progress, desc=f"{split} split"
+    )
     if probabilities.shape[1] != len(classes):
         raise ValueError(
             f"the model predicts {probabilities.shape[1]} classes, the data has {len(classes)}: {classes}"
         )
-    metrics = {
-        "checkpoint": str(ckpt),
-        "split": split,
-        "data_module": type(datamodule).__name__,
-        "data_overrides": data,
-        "data": dict(getattr(datamodule, "hparams", {})),
-        "tta": tta,
-        **classification_metrics(probabilities, labels, classes),
-    }
+    metrics = {**about, "tta": tta, **classification_metrics(probabilities, labels, classes)}
+    if present is not None and len(present) < len(classes):
+        metrics = restrict_to(metrics, present, classes)
     print(format_table(metrics))
     if out is not None:
         out = Path(out)
         reliability = metrics["reliability"]
-        title = f"{Path(ckpt).name}, {split} split{', flip TTA' if tta else ''}"
+        title = f"{Path(ckpt or model).name}, {split} split{', flip TTA' if tta else ''}"
+        shown = list(metrics["per_class"])
         files = {
             "metrics.json": json.dumps(metrics, indent=2, default=str) + "\n",
             "confusion.png": confusion_figure(
-                torch.tensor(metrics["confusion_matrix"]), classes, f"confusion matrix\n{title}"
+                torch.tensor(metrics["confusion_matrix"]),
+                shown,
+                f"confusion matrix\n{title}",
+                metrics.get("confusion_columns"),
             ),
             "reliability.png": reliability_figure(
                 torch.tensor(reliability["count"]),
@@ -250,16 +309,19 @@ def evaluate(
 
 
 def predict(
-    ckpt: str | Path,
+    ckpt: str | Path | None,
     images: list[str | Path],
     top_k: int = 5,
     tta: bool = False,
     batch_size: int = 64,
     device: str = "auto",
+    model: str | None = None,
+    weights: str | Path | None = None,
 ) -> list[dict]:
-    """Classify image files (any size or mode), prepared as the checkpoint's preparation says,
-    and print, as JSON, each file's `top_k` classes with their probabilities, most probable
-    first. Returns that list. Needs only the checkpoint: no data module, no data files."""
+    """Classify image files (any size or mode), prepared as the checkpoint's (or the model's)
+    preparation says, and print, as JSON, each file's `top_k` classes with their probabilities,
+    most probable first. Returns that list. Needs only the checkpoint: no data module, no data
+    files."""
     if top_k < 1 or batch_size < 1:
         raise UsageError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
     device = torch_device(device)
@@ -267,14 +329,16 @@ def predict(
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"image not found: {file}")
-    classifier, preparation = load_model(ckpt)
+    network, preparation = load_network(ckpt, model, weights)
     classes = list(preparation.classes)
-    classifier.to(device)
+    if not classes:
+        raise UsageError(f"{model} has no head (it outputs features): it has no classes to predict")
+    network.to(device)
     results = []
     for start in range(0, len(files), batch_size):  # a batch of pictures at a time bounds the memory
         chunk = files[start : start + batch_size]
         batch = read_images(chunk, preparation).to(device)
-        top = predict_probabilities(classifier, batch, tta).cpu().topk(min(top_k, len(classes)), dim=-1)
+        top = predict_probabilities(network, batch, tta).cpu().topk(min(top_k, len(classes)), dim=-1)
         for file, values, indices in zip(chunk, top.values.tolist(), top.indices.tolist(), strict=True):
             ranked = [
                 {"class": classes[i], "index": i, "probability": p}
@@ -287,7 +351,8 @@ def predict(
 
 DATA_HELP = (
     "override an argument of the checkpoint's data module, as YAML (repeat for more): "
-    "another folder (root=/data/other) or test set (test_split=far)"
+    "another folder (root=/data/other) or test set (test_split=far); with --model, the folder "
+    "of class folders to measure it on (root=FOLDER)"
 )
 TTA_HELP = (
     "average the probabilities of each image and its mirror image (flipped left to right); only for "
@@ -303,11 +368,13 @@ def evaluate_parser() -> Parser:
             "trained with: top-1 (and top-5 beyond 5 classes) accuracy, expected calibration "
             "error, negative log-likelihood and per-class accuracy. Prints a table; with --out, "
             "writes metrics.json, confusion.png and reliability.png. Checkpoints are read "
-            "without unpickling code."
+            "without unpickling code. Or measure a model of timm or Hugging Face (or a vit-export "
+            "folder: --model) on a folder of class folders named by its classes or ImageNet "
+            "synsets (--data root=FOLDER)."
         ),
         epilog="To classify image files: vit-eval predict --help",
     )
-    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    add_source_arguments(parser)
     parser.add_argument("--split", default="test", choices=SPLITS, help="which split to measure")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
@@ -325,13 +392,13 @@ def predict_parser() -> Parser:
     parser = Parser(
         prog="vit-eval predict",
         description=(
-            "Classify image files of any size or mode, prepared as the checkpoint says (as its "
+            "Classify image files of any size or mode, prepared as the checkpoint (or --model) says (as its "
             "data module prepared test images; the data itself is not needed), and print each "
             "file's top classes with their probabilities "
             'as JSON: [{"file": ..., "top_k": [{"class": ..., "index": ..., "probability": ...}]}].'
         ),
     )
-    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
+    add_source_arguments(parser)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     parser.add_argument("--top-k", type=int, default=5, metavar="K", help="how many classes to list per file")
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
@@ -352,6 +419,8 @@ def main(args: list[str] | None = None) -> None:
             tta=options.tta,
             batch_size=options.batch_size,
             device=options.device,
+            model=options.model,
+            weights=options.weights,
         )
     else:
         options = evaluate_parser().parse_args(args)
@@ -364,6 +433,8 @@ def main(args: list[str] | None = None) -> None:
                 batch_size=options.batch_size,
                 out=options.out,
                 device=options.device,
+                model=options.model,
+                weights=options.weights,
             )
         )
 
