@@ -2,38 +2,66 @@
 
 from __future__ import annotations
 
+import math
 import time
+from functools import partial
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.cnn import BagCNN, ResNet
 from vit.errors import UsageError, require
-from vit.model import PRESETS, build_vit
+from vit.model import PRESETS, ViT, build_vit
+from vit.pretrained import for_finetuning
 
 
 def adamw(
-    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    layer_decay: float | None = None,
 ) -> torch.optim.AdamW:
-    """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`."""
+    """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`.
+    With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of depth D + 2
+    learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest (BEiT's
+    layer-wise decay, for fine-tuning)."""
     skip = getattr(model, "no_weight_decay", set)()
-    decay, no_decay = [], []
+    top = len(model.blocks) + 1 if layer_decay is not None else 0
+    groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         # biases and norm weights are 1-D (a learned attention temperature 0-D); embeddings and
         # the class token are named
-        (no_decay if p.ndim < 2 or name in skip else decay).append(p)
+        decays = not (p.ndim < 2 or name in skip)
+        depth = model.layer_of(name) if layer_decay is not None else 0
+        groups.setdefault((depth, decays), []).append(p)
+    scale = (lambda depth: layer_decay ** (top - depth)) if layer_decay is not None else (lambda depth: 1.0)
+    order = sorted(groups, key=lambda key: (key[0], not key[1]))  # by depth, decayed first
     return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": groups[key], "weight_decay": weight_decay if key[1] else 0.0, "lr": lr * scale(key[0])}
+            for key in order
+        ],
         lr=lr,
         betas=betas,
     )
+
+
+def warmup_cosine(step: int, total: int, warmup: int, min_lr_fraction: float) -> float:
+    """The learning-rate factor at optimizer step `step` of `total`: linear warm-up from
+    1 / (warmup + 1) to 1 over `warmup` steps, then a cosine to `min_lr_fraction` at `total`."""
+    if step < warmup:
+        start = 1 / (warmup + 1)
+        return start + (1 - start) * step / warmup
+    progress = min(step - warmup, total - warmup) / max(total - warmup, 1)
+    return min_lr_fraction + (1 - min_lr_fraction) * (1 + math.cos(math.pi * progress)) / 2
 
 
 class Classifier(L.LightningModule):
@@ -54,6 +82,7 @@ class Classifier(L.LightningModule):
         min_lr_fraction: float = 0.01,  # cosine decays to lr * min_lr_fraction
         label_smoothing: float = 0.1,
         compile: bool = False,  # torch.compile the network for training (the first steps compile)
+        layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -62,6 +91,7 @@ class Classifier(L.LightningModule):
         require(0 <= warmup_fraction < 1, f"warmup_fraction={warmup_fraction} must lie in [0, 1)")
         require(0 <= min_lr_fraction <= 1, f"min_lr_fraction={min_lr_fraction} must lie in [0, 1]")
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
+        require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
         # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
         self.save_hyperparameters()
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -123,20 +153,13 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = adamw(self.model, lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas)
+        if hp.layer_decay is not None and not hasattr(self.model, "layer_of"):
+            raise UsageError(f"layer_decay needs a ViT; {type(self.model).__name__} has no layers to decay")
+        optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = min(max(int(total * hp.warmup_fraction), 1), total - 1) if total > 1 else 0
-        cosine = CosineAnnealingLR(
-            optimizer, T_max=max(total - warmup, 1), eta_min=hp.lr * hp.min_lr_fraction
-        )
-        if warmup:
-            scheduler = SequentialLR(
-                optimizer,
-                [LinearLR(optimizer, start_factor=1 / (warmup + 1), total_iters=warmup), cosine],
-                milestones=[warmup],
-            )
-        else:
-            scheduler = cosine
+        factor = partial(warmup_cosine, total=total, warmup=warmup, min_lr_fraction=hp.min_lr_fraction)
+        scheduler = LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -147,6 +170,14 @@ class ViTClassifier(Classifier):
     `preset` names a size in `vit.model.PRESETS`; `dim`, `depth`, `heads` and `mlp_ratio`
     override it when given. `attn_window` restricts attention to patches at most that many
     patches away (a local-attention control; it needs `pool: mean`).
+
+    Fine-tuning: `pretrained` names a model to start from (`timm:NAME`, `hf:ID_OR_FOLDER` or a
+    vit-export folder; `weights` its file, as `vit.load_pretrained` takes them). Its architecture
+    replaces every architecture option here; the head is replaced when the data's class count
+    differs, the positions resampled to the data's image size; `dropout`, `drop_path`,
+    `patch_dropout` and `fused_attn` still apply. The architecture is then recorded as
+    `architecture` (the ViT's constructor arguments), so a checkpoint rebuilds the model from
+    itself and never fetches the source again.
     """
 
     def __init__(
@@ -180,11 +211,25 @@ class ViTClassifier(Classifier):
         layer_scale: float | None = None,
         qkv_bias: bool = True,
         norm_eps: float = 1e-5,
+        pretrained: str | None = None,  # fine-tune this model (timm:NAME, hf:ID, a vit-export folder)
+        weights: str | None = None,  # the pretrained model's weights file: nothing downloaded
+        architecture: dict | None = None,  # recorded by fine-tuning: ViT(**architecture)
         **kwargs,
     ):
         if preset not in PRESETS:
             raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        if weights is not None and pretrained is None:
+            raise UsageError("weights goes with pretrained (the model to fine-tune)")
         super().__init__(num_classes, **kwargs)
+        training = dict(dropout=dropout, drop_path=drop_path, patch_dropout=patch_dropout)
+        training["fused_attn"] = fused_attn
+        if architecture is not None:  # a fine-tuned checkpoint: its weights come with it
+            self.model = ViT(**architecture)
+            return
+        if pretrained is not None:
+            self.model = for_finetuning(pretrained, weights, num_classes, image_size, in_channels, **training)
+            self.hparams["architecture"] = self.model.config
+            return
         self.model = build_vit(
             preset,
             num_classes=num_classes,

@@ -467,6 +467,27 @@ class ViT(nn.Module):
             logits = (logits + self.head_dist(tokens[:, 1])) / 2
         return logits
 
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new head (and distillation head) of `num_classes` outputs, freshly initialised: for
+        fine-tuning on other classes (timm's name). 0: no head, the pooled features out."""
+        require(num_classes >= 0, f"num_classes={num_classes} must be >= 0")
+        require(num_classes or self.head_dist is None, "a distilled model needs a head")
+        dim = self.config["dim"]
+        self.head = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = nn.Linear(dim, num_classes)
+        self.config["num_classes"] = num_classes
+
+    def layer_of(self, name: str) -> int:
+        """Depth of the parameter `name`, for layer-wise learning-rate decay: 0 for the embeddings
+        (patches, positions, prefix tokens, pre-norm), i + 1 for block i, depth + 1 for the final
+        norms and the heads."""
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) + 1
+        if name.startswith(("to_patch_embedding.", "norm_pre.")) or name in self.no_weight_decay():
+            return 0
+        return len(self.blocks) + 1
+
     def set_image_size(self, image_size: int | tuple[int, int]) -> None:
         """Take images of another size (the patch size dividing it): learned position embeddings
         are resampled (`resample_pos_embed`), fixed tables rebuilt."""

@@ -27,7 +27,7 @@ from torch import nn
 
 from vit.errors import UsageError, one_line
 from vit.export import is_exported, read_folder
-from vit.model import ViT
+from vit.model import ViT, pair
 from vit.preparation import Preparation
 
 SOURCES = ("timm", "hf")
@@ -317,6 +317,8 @@ def load_source(source: str, weights: str | Path | None = None) -> tuple[ViT, Pr
             raise UsageError(f"{source} holds its own weights; give no weights file with it")
         return read_folder(source)
     kind, _, name = str(source).partition(":")
+    if not name and Path(source).is_dir():
+        raise ValueError(f"{source} holds no config.json written by vit-export")
     if kind not in SOURCES or not name:
         raise UsageError(
             f"unknown model source {source!r}; give timm:<model name>, hf:<repo id or folder> "
@@ -335,3 +337,30 @@ def load_pretrained(source: str, weights: str | Path | None = None) -> ViT:
     With `weights` (.safetensors, or a .pth/.bin state dict), nothing is downloaded and the head
     (its class count, or none) is read from the file; without, the library fetches its weights."""
     return load_source(source, weights)[0]
+
+
+def for_finetuning(
+    source: str,
+    weights: str | Path | None,
+    num_classes: int,
+    image_size: int | tuple[int, int],
+    in_channels: int,
+    **training,
+) -> ViT:
+    """`load_pretrained(source, weights)` made ready for other data: a new head when the class
+    count differs, position embeddings resampled to `image_size`, and the training
+    options given (`dropout`, `drop_path`, `patch_dropout`, `fused_attn`: how it trains, not
+    what it computes in eval mode) set. The image channels must be the source's."""
+    source_model = load_pretrained(source, weights)
+    config = source_model.config
+    if config["in_channels"] != in_channels:
+        raise UsageError(
+            f"{source} takes {config['in_channels']}-channel images and the data has {in_channels} channels"
+        )
+    model = ViT(**{**config, **training})
+    model.load_state_dict(source_model.state_dict())
+    if num_classes != config["num_classes"]:
+        model.reset_classifier(num_classes)
+    if tuple(pair(image_size)) != tuple(model.image_size):
+        model.set_image_size(image_size)
+    return model
