@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import make_folders
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,3 +86,20 @@ def test_separation_curves_keep_test_and_far_images_apart():
     }
     assert separation_curve([run], "test", (12.0, 14.5)) == ([13.5, 14.25], [1.0, 0.5])
     assert separation_curve([run], "far", (14.5, 15.9)) == ([14.75, 15.45], [0.0, 1.0])
+
+
+def test_finetune_study_smoke(tmp_path, capsys):
+    """Pretrain, export, fine-tune and train from scratch through the commands, on a few images."""
+    from benchmarks.finetune import main
+    from vit.datamodules import CIFAR10_CLASSES
+
+    cifar = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 4, "test": 2})
+    tiny = ["--pretrain-epochs", "1", "--epochs", "1", "--per-class", "2", "--val-per-class", "2"]
+    main(["--cifar", str(cifar), "--out", str(tmp_path / "out"), "--batch-size", "4", *tiny])
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| fine-tune (layer decay 0.75) | classes 5-9, 10 images | 1 (2) |" in table
+    assert "| from scratch | classes 5-9, 10 images | 1 (2) |" in table
+    assert (tmp_path / "out" / "pretrained" / "model.safetensors").is_file()
+    ckpt = tmp_path / "out" / "finetune" / "run" / "checkpoints" / "last.ckpt"
+    recorded = torch.load(ckpt, weights_only=True)
+    assert recorded["hyper_parameters"]["pretrained"] == str(tmp_path / "out" / "pretrained")

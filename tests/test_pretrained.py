@@ -341,3 +341,19 @@ def test_vit_attention_reads_timm_weights(tiny_timm, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out and (tmp_path / "out" / "cls.png").is_file()
     status, line = command_error(vit_attention.main, model, capsys)
     assert status == 2 and "--model has no test set: give image files with --images" in line
+
+
+def test_without_network_or_weights_the_error_says_how_to_give_a_file(monkeypatch):
+    """On a machine without network, timm cannot fetch weights: one line that names weights=FILE
+    (timm's own download is replaced by its failure here, so the test needs no network)."""
+    real = timm.create_model
+
+    def offline(name, pretrained=False, **kwargs):
+        if pretrained:
+            raise OSError("We couldn't connect to 'https://huggingface.co' to load the files\nretry later")
+        return real(name, pretrained=False, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    with pytest.raises(ValueError, match="cannot fetch the weights of timm:vit_tiny_patch16_224") as caught:
+        load_pretrained("timm:vit_tiny_patch16_224")
+    assert "give a file with weights=FILE" in str(caught.value) and "\n" not in str(caught.value)
