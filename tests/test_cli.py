@@ -277,3 +277,14 @@ def test_cnn_baseline_trains_from_the_same_cli(runs):
     model, datamodule = load_checkpoint(runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt")
     assert isinstance(model, CNNClassifier) and model.model.receptive_field == 5
     assert isinstance(datamodule, TwoCircles)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, capsys, native):
+    from vit.commands import train
+
+    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: native)
+    assert train.warn_about_emulated_bf16("bf16-mixed", "cpu") is not native
+    assert not train.warn_about_emulated_bf16("32-true", "cpu")
+    message = "emulated and many times slower than fp32; give --trainer.precision 32-true"
+    assert (message in capsys.readouterr().err) is not native
