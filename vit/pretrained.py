@@ -19,6 +19,7 @@ source's on random inputs.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,19 +59,25 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def fetched(source: str, fetch: Callable[[], nn.Module]) -> nn.Module:
+    """The model `fetch` builds with the library's own download; failing that (no network, no
+    cached weights), one line saying how to give the weights as a file instead."""
+    try:
+        return fetch()
+    except Exception as e:  # the libraries' many ways of failing to download
+        raise ValueError(
+            f"cannot fetch the weights of {source} ({type(e).__name__}: {one_line(e)[:150]}); "
+            f"give a file with weights=FILE (.safetensors, .pth or .bin)"
+        ) from e
+
+
 def _timm_model(name: str, weights: str | Path | None) -> nn.Module:
     import timm
 
     if name not in timm.list_models(pretrained=False) and name not in timm.list_models(pretrained=True):
         raise UsageError(f"timm has no model {name!r}")
     if weights is None:
-        try:
-            return timm.create_model(name, pretrained=True)
-        except Exception as e:  # no network, no cached weights
-            raise ValueError(
-                f"cannot fetch the weights of timm:{name} ({type(e).__name__}: {one_line(e)[:150]}); "
-                f"give a file with weights=FILE (.safetensors or .pth)"
-            ) from e
+        return fetched(f"timm:{name}", lambda: timm.create_model(name, pretrained=True))
     state = read_state_dict(weights)
     head = state.get("head.weight")
     model = timm.create_model(name, pretrained=False, num_classes=0 if head is None else head.shape[0])
@@ -205,13 +212,7 @@ def _hf_model(name: str, weights: str | Path | None) -> tuple[nn.Module, object]
         raise UsageError(f"hf:{name} is a {architecture}; vit.ViT reads {', '.join(HF_ARCHITECTURES)}")
     model_class = getattr(transformers, architecture)
     if weights is None:
-        try:
-            return model_class.from_pretrained(name), processor
-        except Exception as e:
-            raise ValueError(
-                f"cannot fetch the weights of hf:{name} ({type(e).__name__}: {one_line(e)[:150]}); "
-                f"give a file with weights=FILE (.safetensors or .bin)"
-            ) from e
+        return fetched(f"hf:{name}", lambda: model_class.from_pretrained(name)), processor
     state = read_state_dict(weights)
     head = state.get("classifier.weight")
     if architecture == "ViTForImageClassification" and head is not None:
