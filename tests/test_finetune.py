@@ -107,3 +107,37 @@ def test_fine_tuning_from_the_cli_writes_a_checkpoint_that_stands_alone(source, 
     args = ["fit", *tiny_args(runs, "--model.weights", "w.safetensors")]
     status, line = command_error(cli.main, args, capsys)
     assert status == 2 and "weights goes with pretrained" in line
+
+
+def test_a_run_saved_with_the_old_schedule_resumes_at_its_step():
+    """Checkpoints written before the schedule was one LambdaLR hold a SequentialLR's state, which
+    LambdaLR cannot load (KeyError: 'lr_lambdas'); converted, the rates go on as they would have."""
+    from vit.classifier import lambda_lr_state
+
+    total, warmup, lr, floor, saved_at = 40, 4, 1e-3, 0.01, 13
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    cosine = CosineAnnealingLR(optimizer, T_max=total - warmup, eta_min=lr * floor)
+    linear = LinearLR(optimizer, start_factor=1 / (warmup + 1), total_iters=warmup)
+    old = SequentialLR(optimizer, [linear, cosine], milestones=[warmup])
+    for _ in range(saved_at):
+        optimizer.step()
+        old.step()
+    state = old.state_dict()
+    expected = []
+    for _ in range(total - saved_at):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        old.step()
+
+    resumed = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    new = LambdaLR(resumed, lambda s: warmup_cosine(s, total, warmup, floor))
+    with pytest.raises(KeyError):
+        new.load_state_dict(dict(state))
+    new.load_state_dict(lambda_lr_state(dict(state)))
+    resumed.param_groups[0]["lr"] = new.get_last_lr()[0]  # Lightning restores the optimizer's too
+    got = []
+    for _ in range(total - saved_at):
+        got.append(resumed.param_groups[0]["lr"])
+        resumed.step()
+        new.step()
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-6, atol=1e-12)

@@ -64,6 +64,18 @@ def warmup_cosine(step: int, total: int, warmup: int, min_lr_fraction: float) ->
     return min_lr_fraction + (1 - min_lr_fraction) * (1 + math.cos(math.pi * progress)) / 2
 
 
+def lambda_lr_state(state: dict) -> dict:
+    """A scheduler state for `LambdaLR(warmup_cosine)`: as it is, or converted from the
+    SequentialLR that vit-train used before (its step count and last rates carry over)."""
+    if "lr_lambdas" in state or "_schedulers" not in state:
+        return state
+    return {
+        "last_epoch": state["last_epoch"],
+        "_last_lr": state["_last_lr"],
+        "lr_lambdas": [None] * len(state["_last_lr"]),
+    }
+
+
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then cosine.
@@ -140,6 +152,13 @@ class Classifier(L.LightningModule):
         preparation = getattr(self.trainer.datamodule, "preparation", None)
         if preparation is not None:
             checkpoint["preparation"] = preparation.to_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # runs saved before the schedule was one LambdaLR (a SequentialLR of LinearLR and
+        # CosineAnnealingLR, the same rates) resume at their step
+        checkpoint["lr_schedulers"] = [
+            lambda_lr_state(state) for state in checkpoint.get("lr_schedulers", [])
+        ]
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "val", self.val_acc)
