@@ -9,8 +9,9 @@ from helpers import command_error, tiny_args
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR
 
 from vit.checkpoint import load_model
-from vit.classifier import adamw, warmup_cosine
+from vit.classifier import CNNClassifier, adamw, warmup_cosine
 from vit.commands import train as cli
+from vit.errors import UsageError
 from vit.export import save_folder
 from vit.model import ViT, resample_pos_embed
 from vit.preparation import Preparation
@@ -56,6 +57,8 @@ def test_layer_decay_scales_the_learning_rate_by_depth(source):
     decays = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
     assert decays[id(model.blocks[0].attn.qkv.weight)] == 0.05 and decays[id(model.pos_embed)] == 0.0
     assert len(lr_of) == len(list(model.parameters()))
+    with pytest.raises(UsageError, match="layer_decay needs a ViT"):
+        CNNClassifier(layer_decay=0.7)
 
 
 def test_the_schedule_is_the_warm_up_and_cosine_it_was():

@@ -172,8 +172,6 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        if hp.layer_decay is not None and not hasattr(self.model, "layer_of"):
-            raise UsageError(f"layer_decay needs a ViT; {type(self.model).__name__} has no layers to decay")
         optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = min(max(int(total * hp.warmup_fraction), 1), total - 1) if total > 1 else 0
@@ -296,6 +294,8 @@ class CNNClassifier(Classifier):
         padding: Literal["circular", "zeros", "valid"] = "circular",
         **kwargs,
     ):
+        if kwargs.get("layer_decay") is not None:
+            raise UsageError("layer_decay needs a ViT (its blocks are the layers); CNNClassifier has none")
         super().__init__(num_classes, **kwargs)
         if arch == "bag":
             self.model = BagCNN(num_classes, in_channels, receptive_field, width, padding)
