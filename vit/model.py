@@ -490,7 +490,7 @@ class ViT(nn.Module):
 
     def set_image_size(self, image_size: int | tuple[int, int]) -> None:
         """Take images of another size (the patch size dividing it): learned position embeddings
-        are resampled (`resample_pos_embed`), fixed tables rebuilt."""
+        are resampled (`resample_pos_embed`); fixed tables (sincos, periodic) are refused."""
         image_h, image_w = pair(image_size)
         p = self.patch_size
         require(

@@ -89,6 +89,20 @@ def _timm_model(name: str, weights: str | Path | None) -> nn.Module:
     return model
 
 
+def refuse(source: str, unsupported: dict[str, bool]) -> None:
+    """One line naming every feature of `source` that `ViT` does not express (those whose value
+    is true), if any."""
+    found = [feature for feature, present in unsupported.items() if present]
+    if found:
+        raise UsageError(f"{source} has {', '.join(found)}, which vit.ViT does not express")
+
+
+def patch_projection(conv_weight: torch.Tensor) -> torch.Tensor:
+    """The weight of a patch embedding written as a convolution (stride = kernel = patch size),
+    (dim, c, p, p), as the weight of ours: a linear map of the (p1 p2 c)-flattened patch."""
+    return rearrange(conv_weight, "d c p1 p2 -> d (p1 p2 c)")
+
+
 def _check_timm_features(model: nn.Module, name: str) -> None:
     """Refuse, naming it, what a timm VisionTransformer has and `ViT` cannot express."""
     from timm.models.vision_transformer import VisionTransformer
@@ -109,9 +123,7 @@ def _check_timm_features(model: nn.Module, name: str) -> None:
         ),
         "no position embeddings": model.pos_embed is None,
     }
-    found = [feature for feature, present in unsupported.items() if present]
-    if found:
-        raise UsageError(f"timm:{name} has {', '.join(found)}, which vit.ViT does not express")
+    refuse(f"timm:{name}", unsupported)
 
 
 def _from_timm(model: nn.Module, name: str) -> ViT:
@@ -145,12 +157,8 @@ def _from_timm(model: nn.Module, name: str) -> ViT:
         qkv_bias=block.attn.qkv.bias is not None,
     )
     source = model.state_dict()
-    # ours -> timm's; a convolution over (c, p1, p2) is a linear map of the (p1 p2 c)-flattened patch
-    state = {
-        "to_patch_embedding.1.weight": rearrange(
-            source.pop("patch_embed.proj.weight"), "d c p1 p2 -> d (p1 p2 c)"
-        )
-    }
+    # ours -> timm's
+    state = {"to_patch_embedding.1.weight": patch_projection(source.pop("patch_embed.proj.weight"))}
     renames = {"to_patch_embedding.1.bias": "patch_embed.proj.bias"}
     for i in range(len(model.blocks)):
         for mine, theirs in (("mlp.0", "mlp.fc1"), ("mlp.3", "mlp.fc2")):
@@ -233,9 +241,7 @@ def _check_hf_features(model: nn.Module, name: str) -> None:
         "a SwiGLU MLP": getattr(config, "use_swiglu_ffn", False),
         "no final layer norm": not getattr(config, "apply_layernorm", True),
     }
-    found = [feature for feature, present in unsupported.items() if present]
-    if found:
-        raise UsageError(f"hf:{name} has {', '.join(found)}, which vit.ViT does not express")
+    refuse(f"hf:{name}", unsupported)
 
 
 def _first(module: nn.Module, *names: str) -> nn.Module:
@@ -273,7 +279,7 @@ def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
     state = {
         "cls_token": embeddings.cls_token,
         "pos_embed": embeddings.position_embeddings,
-        "to_patch_embedding.1.weight": rearrange(proj.weight, "d c p1 p2 -> d (p1 p2 c)"),
+        "to_patch_embedding.1.weight": patch_projection(proj.weight),
         "to_patch_embedding.1.bias": proj.bias,
     }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.checkpoint import load_model
+from vit.checkpoint import load_network
 from vit.commands.base import Parser, check_out_folder, run_command
 from vit.export import save_folder, save_onnx
 from vit.model import ViT
@@ -21,12 +21,12 @@ from vit.model import ViT
 
 def export(ckpt: str | Path, out: str | Path, onnx: bool = False) -> list[Path]:
     check_out_folder(out)
-    classifier, preparation = load_model(ckpt)
-    if not isinstance(classifier.model, ViT):
-        raise ValueError(f"{ckpt} holds a {type(classifier.model).__name__}, not a ViT")
-    written = save_folder(classifier.model, preparation, out)
+    model, preparation = load_network(ckpt)
+    if not isinstance(model, ViT):
+        raise ValueError(f"{ckpt} holds a {type(model).__name__}, not a ViT")
+    written = save_folder(model, preparation, out)
     if onnx:
-        written.append(save_onnx(classifier.model, Path(out) / "model.onnx"))
+        written.append(save_onnx(model, Path(out) / "model.onnx"))
     print(f"wrote {', '.join(path.name for path in written)} into {out}")
     return written
 
