@@ -73,7 +73,9 @@ def test_the_schedule_is_the_warm_up_and_cosine_it_was():
             linear = LinearLR(optimizer, start_factor=1 / (warmup + 1), total_iters=warmup)
             scheduler = SequentialLR(optimizer, [linear, cosine], milestones=[warmup])
         else:
-            scheduler = LambdaLR(optimizer, lambda s: warmup_cosine(s, total, warmup, floor))
+            scheduler = LambdaLR(
+                optimizer, lambda s: warmup_cosine(s / total, warmup / total, floor, 1 / (warmup + 1))
+            )
         steps = []
         for _ in range(total):
             steps.append(optimizer.param_groups[0]["lr"])
@@ -81,7 +83,7 @@ def test_the_schedule_is_the_warm_up_and_cosine_it_was():
             scheduler.step()
         rates.append(steps)
     torch.testing.assert_close(torch.tensor(rates[1]), torch.tensor(rates[0]), rtol=1e-6, atol=1e-12)
-    assert math.isclose(warmup_cosine(total, total, warmup, floor), floor)
+    assert math.isclose(warmup_cosine(1.0, warmup / total, floor), floor)
 
 
 def test_fine_tuning_from_the_cli_writes_a_checkpoint_that_stands_alone(source, tmp_path, capsys):
@@ -133,7 +135,7 @@ def test_a_run_saved_with_the_old_schedule_resumes_at_its_step():
         old.step()
 
     resumed = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-    new = LambdaLR(resumed, lambda s: warmup_cosine(s, total, warmup, floor))
+    new = LambdaLR(resumed, lambda s: warmup_cosine(s / total, warmup / total, floor, 1 / (warmup + 1)))
     with pytest.raises(KeyError):
         new.load_state_dict(dict(state))
     new.load_state_dict(lambda_lr_state(dict(state)))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import time
-from functools import partial
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Timer
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
@@ -54,14 +53,17 @@ def adamw(
     )
 
 
-def warmup_cosine(step: int, total: int, warmup: int, min_lr_fraction: float) -> float:
-    """The learning-rate factor at optimizer step `step` of `total`: linear warm-up from
-    1 / (warmup + 1) to 1 over `warmup` steps, then a cosine to `min_lr_fraction` at `total`."""
-    if step < warmup:
-        start = 1 / (warmup + 1)
-        return start + (1 - start) * step / warmup
-    progress = min(step - warmup, total - warmup) / max(total - warmup, 1)
-    return min_lr_fraction + (1 - min_lr_fraction) * (1 + math.cos(math.pi * progress)) / 2
+def warmup_cosine(progress: float, warmup: float, min_lr_fraction: float, start: float = 0.0) -> float:
+    """The learning-rate factor at `progress` (0 to 1) of training: linear warm-up from `start`
+    to 1 over the first `warmup` of it, then a cosine to `min_lr_fraction` at 1 (and after)."""
+    if progress < warmup:
+        return start + (1 - start) * progress / warmup
+    done = min((progress - warmup) / (1 - warmup), 1.0)
+    return min_lr_fraction + (1 - min_lr_fraction) * (1 + math.cos(math.pi * done)) / 2
+
+
+def training_timer(trainer: L.Trainer) -> Timer | None:
+    return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
 
 
 def lambda_lr_state(state: dict) -> dict:
@@ -109,6 +111,9 @@ class Classifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # the longest validation and the last training step of this fit, in seconds: the room a
+        # time budget keeps at its end
+        self._seconds = {"validation": 0.0, "step": 0.0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -138,20 +143,62 @@ class Classifier(L.LightningModule):
         if self.hparams.compile and stage == "fit":
             self.model.compile()
 
-    def on_fit_start(self) -> None:
-        self._fit_started = time.perf_counter()
+    def configure_callbacks(self) -> list:
+        # The training clock: Lightning's Timer, which starts with training (the sanity check
+        # excluded, validation included) and keeps the elapsed time in checkpoints. --trainer.
+        # max_time adds one with that budget; otherwise one without a budget keeps time/minutes.
+        return [] if training_timer(self.trainer) is not None else [Timer(duration=None)]
+
+    def time_budget(self) -> float | None:
+        """Seconds of training the schedule spans with --trainer.max_time: the budget less room
+        for one more step and the last validation (1.5 times the last step and the longest
+        validation yet), or None without a budget."""
+        timer = training_timer(self.trainer)
+        if timer is None or timer.time_remaining() is None:
+            return None
+        budget = timer.time_elapsed() + timer.time_remaining()
+        return max(budget - 1.5 * (self._seconds["validation"] + self._seconds["step"]), 0.0)
+
+    def training_progress(self, step: int, total: float) -> float:
+        """How far training is (1 at its end): by optimizer steps of the step limit, or by time of
+        the time budget, whichever is further ahead."""
+        progress = step / total
+        if (budget := self.time_budget()) is not None:
+            progress = max(progress, training_timer(self.trainer).time_elapsed() / budget if budget else 1.0)
+        return progress
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self._step_started = training_timer(self.trainer).time_elapsed()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self._seconds["step"] = training_timer(self.trainer).time_elapsed() - self._step_started
+        self.log(
+            "train/lr", self.lr_schedulers().get_last_lr()[-1], prog_bar=True, on_step=True, on_epoch=False
+        )
+        # The schedule's end: stop now, so that the last validation (which Lightning runs when
+        # training stops early) and the checkpoints fit within --trainer.max_time.
+        budget = self.time_budget()
+        if budget is not None and training_timer(self.trainer).time_elapsed() >= budget:
+            self.trainer.should_stop = True
+
+    def on_validation_end(self) -> None:
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            seconds = training_timer(self.trainer).time_elapsed("validate")
+            self._seconds["validation"] = max(self._seconds["validation"], seconds)
 
     def on_validation_epoch_end(self) -> None:
-        # minutes since this fit started, beside val/acc: accuracy against wall time (every
-        # process logs its own; with several, the mean)
+        # minutes of training so far (across resumes), beside val/acc: accuracy against wall time
+        # (every process logs its own; with several, the mean)
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
-            self.log("time/minutes", (time.perf_counter() - self._fit_started) / 60, sync_dist=True)
+            minutes = training_timer(self.trainer).time_elapsed() / 60
+            self.log("time/minutes", minutes, sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # how image files become model input, so that a checkpoint alone classifies and draws them
         preparation = getattr(self.trainer.datamodule, "preparation", None)
         if preparation is not None:
             checkpoint["preparation"] = preparation.to_dict()
+        checkpoint["time_reserve_seconds"] = dict(self._seconds)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # runs saved before the schedule was one LambdaLR (a SequentialLR of LinearLR and
@@ -159,6 +206,7 @@ class Classifier(L.LightningModule):
         checkpoint["lr_schedulers"] = [
             lambda_lr_state(state) for state in checkpoint.get("lr_schedulers", [])
         ]
+        self._seconds.update(checkpoint.get("time_reserve_seconds", {}))
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "val", self.val_acc)
@@ -173,10 +221,20 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = min(max(int(total * hp.warmup_fraction), 1), total - 1) if total > 1 else 0
-        factor = partial(warmup_cosine, total=total, warmup=warmup, min_lr_fraction=hp.min_lr_fraction)
-        scheduler = LambdaLR(optimizer, factor)
+        # Warm-up and cosine span the step limit (max_epochs or max_steps) or the time budget
+        # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
+        total = max(self.trainer.estimated_stepping_batches, 1)
+        if math.isfinite(total):  # warm-up from lr / (warmup + 1), as LinearLR does
+            steps = min(max(int(total * hp.warmup_fraction), 1), int(total) - 1) if total > 1 else 0
+            warmup, start = steps / total, 1 / (steps + 1)
+        else:
+            warmup, start = hp.warmup_fraction, 0.0
+        scheduler = LambdaLR(
+            optimizer,
+            lambda step: warmup_cosine(
+                self.training_progress(step, total), warmup, hp.min_lr_fraction, start
+            ),
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

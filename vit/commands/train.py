@@ -133,8 +133,11 @@ class ViTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer
-        if self.subcommand == "fit" and trainer.max_epochs == -1 and trainer.max_steps in (None, -1):
-            raise UsageError("max_epochs=-1 needs max_steps: the learning-rate schedule needs an end")
+        unlimited = trainer.max_epochs == -1 and trainer.max_steps in (None, -1) and trainer.max_time is None
+        if self.subcommand == "fit" and unlimited:
+            raise UsageError(
+                "max_epochs=-1 needs max_steps or max_time: the learning-rate schedule needs an end"
+            )
         warn_about_emulated_bf16(str(trainer.precision), str(trainer.accelerator))
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
