@@ -18,7 +18,7 @@ demo: $(VENV)/installed
 	$(BIN)/vit-train fit --config configs/two_circles.yaml \
 	  --trainer.logger.init_args.name demo --trainer.logger.init_args.version train; \
 	$(BIN)/vit-eval --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/eval; \
-	$(BIN)/vit-attention --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/attention; \
+	$(BIN)/vit-attention --ckpt $(DEMO)/train/checkpoints/best.ckpt --out $(DEMO)/attention --method rollout; \
 	echo "demo finished in $$(( $$(date +%s) - start )) s: run in $(DEMO)/train, evaluation in $(DEMO)/eval, overlays in $(DEMO)/attention"
 
 # Run the four notebooks at their full size and store them with their outputs, so that a reader on

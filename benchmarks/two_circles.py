@@ -4,9 +4,10 @@
     python benchmarks/two_circles.py --steps 20 --seeds 1 --out /tmp/quick  # a smoke run
 
 Every model trains for the same number of steps on the same images (one data set per seed) and
-is tested on the in-distribution test split and on the `far` split (separations beyond the
-training range). Writes `results.json`, `table.md`, `accuracy_vs_separation.png` and
-`accuracy_vs_receptive_field.png` into `--out`.
+is tested on the in-distribution test split, on the `far` split (separations beyond the
+training range) and on the `held_out` split (pairs whose midpoint lies in a square of the canvas
+that training never showed). `--models` runs some of the models only. Writes `results.json`,
+`table.md`, `accuracy_vs_separation.png` and `accuracy_vs_receptive_field.png` into `--out`.
 
 Predictions, stated before running (see docs/two_circles.md for what happened so far). The circles'
 inked edges are 7-9.5 pixels apart in training and 9.5-10.9 pixels apart in the far split, more
@@ -46,7 +47,10 @@ from vit.two_circles import circle_patch_masks, torus_delta
 # class), circles of radius 2 whose centres are 12-14.5 pixels apart in training and 14.5-15.9
 # in the `far` split. With closer circles (radius 3, 10-13 apart) an 8-pixel patch often held
 # the edges of both, and the ViT without position embeddings did as well as the full ViT.
-DATA = dict(radius=2.0, separation=(12.0, 14.5), far_separation=(14.5, 15.9))
+# Midpoints in the square [0, 8)^2 are held out of training and validation: the `held_out` split
+# has only such midpoints (positions the model never saw the pair at).
+DATA = dict(radius=2.0, separation=(12.0, 14.5), far_separation=(14.5, 15.9), holdout_midpoints=True)
+SPLITS = ("test", "far", "held_out")
 
 
 def models(fields: list[int], cnn_width: int) -> dict[str, dict]:
@@ -92,6 +96,11 @@ def correct_by_image(model: Classifier, data: TwoCircles, split: str) -> tuple[t
 def run(args: argparse.Namespace) -> tuple[dict, dict]:
     """Per model: parameters and per-seed results; and the attention analysis of the first ViT."""
     specs = models(args.fields, args.cnn_width)
+    if args.models:
+        unknown = set(args.models) - set(specs)
+        if unknown:
+            raise SystemExit(f"error: unknown model(s) {sorted(unknown)}; choose from {list(specs)}")
+        specs = {name: spec for name, spec in specs.items() if name in args.models}
     results: dict[str, dict] = {}
     attention: dict = {}
     for seed in range(args.seeds):
@@ -108,15 +117,15 @@ def run(args: argparse.Namespace) -> tuple[dict, dict]:
             seconds = time.perf_counter() - started
             entry = results.setdefault(name, {"params": num_params(model), "runs": []})
             run_result = {"seed": seed, "train_seconds": round(seconds, 1)}
-            for split in ("test", "far"):
+            for split in SPLITS:
                 correct, separation = correct_by_image(model, data, split)
                 run_result[split] = {"accuracy": correct.float().mean().item()}
                 run_result[split]["by_separation"] = by_separation(correct, separation)
             entry["runs"].append(run_result)
             if name == "ViT" and seed == 0:
                 attention = attention_analysis(model, data, args.out)
-            print(f"seed {seed} {name}: test {run_result['test']['accuracy']:.3f}, "
-                  f"far {run_result['far']['accuracy']:.3f} ({seconds:.0f} s)", flush=True)  # fmt: skip
+            accuracies = ", ".join(f"{split} {run_result[split]['accuracy']:.3f}" for split in SPLITS)
+            print(f"seed {seed} {name}: {accuracies} ({seconds:.0f} s)", flush=True)
     return results, attention
 
 
@@ -174,13 +183,16 @@ def write_table(results: dict, attention: dict, path: Path, args: argparse.Names
         f"{args.steps} steps of 128 images, {args.num_train} training images, {args.seeds} seeds "
         "(mean +- standard deviation over seeds); chance is 0.25.",
         "",
-        "| model | parameters | in distribution | far separations |",
-        "|---|---|---|---|",
+        "| model | parameters | in distribution | far separations | held-out midpoints |",
+        "|---|---|---|---|---|",
     ]
     for name, entry in results.items():
-        test = summary([r["test"]["accuracy"] for r in entry["runs"]])
-        far = summary([r["far"]["accuracy"] for r in entry["runs"]])
-        lines.append(f"| {name} | {entry['params'] / 1e3:.0f} k | {test} | {far} |")
+        # runs recorded before the held-out split was evaluated have none
+        cells = [
+            summary([r[s]["accuracy"] for r in entry["runs"]]) if s in entry["runs"][0] else "-"
+            for s in SPLITS
+        ]
+        lines.append(f"| {name} | {entry['params'] / 1e3:.0f} k | {' | '.join(cells)} |")
     if attention:
         shares = ", ".join(f"{v:.2f}" for v in attention["share_per_layer"])
         lines += [
@@ -207,6 +219,9 @@ def plot(results: dict, out: Path, fields: list[int], data: dict) -> None:
 
     fig = Figure(figsize=(5, 3.5), layout="constrained")
     ax = fig.subplots()
+    fields = [q for q in fields if f"bag CNN, field {q}" in results]
+    if not fields:
+        return
     accs = [[r["test"]["accuracy"] for r in results[f"bag CNN, field {q}"]["runs"]] for q in fields]
     ax.errorbar(
         fields, [statistics.mean(a) for a in accs], yerr=[statistics.pstdev(a) for a in accs], marker="o"
@@ -224,6 +239,7 @@ def main() -> None:
     parser.add_argument("--num_test", type=int, default=2000)
     parser.add_argument("--fields", type=int, nargs="+", default=[3, 5, 9], help="bag CNN receptive fields")
     parser.add_argument("--cnn_width", type=int, default=16, help="channels of the CNNs")
+    parser.add_argument("--models", nargs="+", help="run only these models, by name (default: all)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
     parser.add_argument("--replot", action="store_true", help="only redraw the plots from --out/results.json")
     args = parser.parse_args()

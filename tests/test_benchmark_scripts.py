@@ -34,6 +34,7 @@ def test_two_circles_comparison_smoke(tmp_path):
         "bag CNN, field 3",
     ):
         assert f"| {name} |" in table
+    assert "| held-out midpoints |" in table
     for png in ("accuracy_vs_separation.png", "accuracy_vs_receptive_field.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
         (tmp_path / png).unlink()
@@ -41,6 +42,97 @@ def test_two_circles_comparison_smoke(tmp_path):
     result = subprocess.run(replot, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "accuracy_vs_separation.png").read_bytes()[:4] == b"\x89PNG"
+    # one model alone (the converged-ViT run); an unknown name is one line
+    only = [*command[:2], *tiny, "--models", "ViT", "--out", str(tmp_path / "vit")]
+    result = subprocess.run(only, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "vit" / "table.md").read_text().count("| ViT") == 1
+    bad = [*only[:-4], "--models", "Vit", "--out", str(tmp_path / "bad")]
+    result = subprocess.run(bad, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "unknown model(s) ['Vit']" in result.stderr
+
+
+def test_two_circles_depth_smoke(tmp_path):
+    script = str(ROOT / "benchmarks/two_circles_depth.py")
+    tiny = [
+        "--depths",
+        "1",
+        "3",
+        "--steps",
+        "2",
+        "--num_train",
+        "128",
+        "--num_test",
+        "256",
+        "--cnn_width",
+        "4",
+    ]
+    result = subprocess.run(
+        [sys.executable, script, *tiny, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = (tmp_path / "table.md").read_text()
+    # fields: plain 2L + 1; downsampling 3 and 11
+    for row in (
+        "| ViT | 3 |",
+        "| plain CNN | 1 |",
+        "| plain CNN, MLP head | 3 |",
+        "| downsampling CNN | 3 |",
+    ):
+        assert row in table
+    assert "| 7 |" in table and "| 11 |" in table
+    (tmp_path / "accuracy_vs_depth.png").unlink()
+    result = subprocess.run(
+        [sys.executable, script, "--replot", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "accuracy_vs_depth.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_gap_is_measured_between_the_inks_along_the_larger_axis():
+    """The gap the depth study bins by is the count of uninked pixel columns (or rows, on the
+    larger axis) between the two circles, up to the pixel grid; never below the ViT's patch."""
+    import math
+
+    from benchmarks.two_circles_depth import DATA, GAP_BINS, PATCH, gaps
+    from vit import TwoCircles
+
+    data = TwoCircles(**DATA, noise=0.0, num_train=1, num_val=1, num_test=500)
+    gap = gaps(data, "test")
+    assert gap.min() >= PATCH and GAP_BINS[0] <= gap.min() and gap.max() < GAP_BINS[-1]
+    images, centres = data.split("test").images, data.circle_centres("test")
+    for i in range(50):
+        (x0, y0), (x1, y1) = centres[i].tolist()
+        on_x = abs(math.remainder(x1 - x0, 32)) >= abs(math.remainder(y1 - y0, 32))
+        profile = (images[i, 0] > 0).any(dim=0 if on_x else 1).tolist()  # inked columns (or rows)
+        start = profile.index(True)  # walk round the torus from an inked pixel: the runs of blanks
+        runs, count = [], 0
+        for inked in profile[start:] + profile[:start]:
+            if inked and count:
+                runs.append(count)
+            count = 0 if inked else count + 1
+        if count:  # the blanks before the first inked pixel
+            runs.append(count)
+        assert len(runs) == 2 and math.floor(gap[i]) <= min(runs) <= math.ceil(gap[i]), (i, runs, gap[i])
+
+
+def test_accuracy_vs_minutes_draws_each_run(tmp_path, capsys):
+    from benchmarks.accuracy_vs_minutes import main
+
+    header = "epoch,step,time/minutes,train/lr,val/acc\n"
+    (tmp_path / "a.csv").write_text(header + "0,9,,0.001,\n0,10,1.5,,0.40\n1,20,3.0,,0.55\n")
+    (tmp_path / "b.csv").write_text(header + "0,10,2.0,,0.30\n1,20,4.0,,0.35\n2,30,6.0,,0.33\n")
+    main([f"budget={tmp_path / 'a.csv'}", f"fixed={tmp_path / 'b.csv'}", "--out", str(tmp_path / "m.png")])
+    out = capsys.readouterr().out
+    assert "budget: last val/acc 0.5500 at 3.0 min, best 0.5500 at 3.0 min" in out
+    assert "fixed: last val/acc 0.3300 at 6.0 min, best 0.3500 at 4.0 min" in out
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit, match="no rows with both"):
+        (tmp_path / "c.csv").write_text(header)
+        main([f"c={tmp_path / 'c.csv'}", "--out", str(tmp_path / "c.png")])
 
 
 def test_data_pipeline_benchmark_smoke(tmp_path, capsys):

@@ -339,7 +339,9 @@ class ViTClassifier(Classifier):
 
 class CNNClassifier(Classifier):
     """The convolutional baselines of `vit.cnn`: `arch: bag` (local features with a
-    `receptive_field`, then global average pooling) or `arch: resnet` (covers the image)."""
+    `receptive_field`, then global average pooling; or `depth` 3x3 layers, with `downsample`
+    every other one of stride 2, and `mlp_head` a hidden layer after pooling) or `arch: resnet`
+    (covers the image)."""
 
     def __init__(
         self,
@@ -350,13 +352,19 @@ class CNNClassifier(Classifier):
         receptive_field: int = 7,
         width: int = 64,
         padding: Literal["circular", "zeros", "valid"] = "circular",
+        depth: int | None = None,
+        downsample: bool = False,
+        mlp_head: bool = False,
         **kwargs,
     ):
         if kwargs.get("layer_decay") is not None:
             raise UsageError("layer_decay needs a ViT (its blocks are the layers); CNNClassifier has none")
         super().__init__(num_classes, **kwargs)
         if arch == "bag":
-            self.model = BagCNN(num_classes, in_channels, receptive_field, width, padding)
+            self.model = BagCNN(
+                num_classes, in_channels, receptive_field, width, padding,
+                depth=depth, downsample=downsample, mlp_head=mlp_head,
+            )  # fmt: skip
         elif arch == "resnet":
             self.model = ResNet(
                 num_classes, in_channels, widths=(width // 4, width // 2, width), padding=padding

@@ -2,7 +2,8 @@
 
 `BagCNN`: stacked 3x3 convolutions whose receptive field is `receptive_field` pixels square, then
 global average pooling: a bag of local features (as in BagNet, Brendel & Bethge 2019). It can
-only relate two circles that one receptive field covers.
+only relate two circles that one receptive field covers. With `downsample`, every other 3x3
+convolution has stride 2, so the field grows geometrically with depth instead of by 2 pixels.
 `ResNet`: a small ResNet (He et al. 2016) whose receptive field covers the whole image.
 """
 
@@ -38,6 +39,9 @@ class BagCNN(nn.Module):
         width: int = 64,
         padding: Literal["circular", "zeros", "valid"] = "circular",
         pointwise: int = 2,  # 1x1 layers after the 3x3 ones: capacity without a wider field
+        depth: int | None = None,  # 3x3 layers; by default (receptive_field - 1) / 2
+        downsample: bool = False,  # stride 2 in the 1st, 3rd, 5th... 3x3 layer
+        mlp_head: bool = False,  # a hidden layer after pooling, as a transformer block has an MLP
     ):
         super().__init__()
         require(
@@ -45,13 +49,22 @@ class BagCNN(nn.Module):
             f"receptive_field={receptive_field} must be odd, >= 3",
         )
         require(padding in PADDING, f"padding must be one of {', '.join(PADDING)}, got {padding!r}")
-        depth = (receptive_field - 1) // 2  # each 3x3 convolution widens the field by 2 pixels
-        self.receptive_field = receptive_field
-        layers = [conv_bn(in_channels if i == 0 else width, width, padding) for i in range(depth)]
+        require(depth is None or depth >= 1, f"depth={depth} must be at least 1")
+        if depth is None:
+            depth = (receptive_field - 1) // 2  # each 3x3 convolution widens the field by 2 pixels
+        layers = [
+            conv_bn(
+                in_channels if i == 0 else width, width, padding, stride=2 if downsample and i % 2 == 0 else 1
+            )
+            for i in range(depth)
+        ]
         for _ in range(pointwise):
             layers += [nn.Conv2d(width, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
         self.features = nn.Sequential(*layers)
+        self.receptive_field = receptive_field_of(self.features)
         self.head = nn.Linear(width, num_classes)
+        if mlp_head:
+            self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(inplace=True), self.head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).mean(dim=(2, 3)))  # global average pooling
@@ -98,7 +111,7 @@ class ResNet(nn.Module):
         return self.head(self.features(x).mean(dim=(2, 3)))
 
 
-def receptive_field(model: nn.Module) -> int:
+def receptive_field_of(model: nn.Module) -> int:
     """Receptive field in pixels of the last feature map, from the convolutions in order."""
     field, jump = 1, 1
     for m in model.modules():
