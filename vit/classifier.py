@@ -164,7 +164,9 @@ class Classifier(L.LightningModule):
         the time budget, whichever is further ahead."""
         progress = step / total
         if (budget := self.time_budget()) is not None:
-            progress = max(progress, training_timer(self.trainer).time_elapsed() / budget if budget else 1.0)
+            by_time = training_timer(self.trainer).time_elapsed() / budget if budget else 1.0
+            # with several processes, rank 0's clock sets every process's learning rate
+            progress = max(progress, self.trainer.strategy.broadcast(by_time))
         return progress
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
@@ -178,8 +180,9 @@ class Classifier(L.LightningModule):
         # The schedule's end: stop now, so that the last validation (which Lightning runs when
         # training stops early) and the checkpoints fit within --trainer.max_time.
         budget = self.time_budget()
-        if budget is not None and training_timer(self.trainer).time_elapsed() >= budget:
-            self.trainer.should_stop = True
+        if budget is not None:  # with several processes, rank 0's clock decides for all (as Timer's)
+            ended = self.trainer.strategy.broadcast(training_timer(self.trainer).time_elapsed() >= budget)
+            self.trainer.should_stop = self.trainer.should_stop or ended
 
     def on_validation_end(self) -> None:
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
