@@ -46,7 +46,7 @@ import torch
 from matplotlib.figure import Figure
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier
-from vit.cnn import BagCNN, receptive_field_of
+from vit.cnn import BagCNN
 from vit.model import num_params
 from vit.two_circles import torus_delta
 
@@ -74,11 +74,13 @@ def model_specs(cnn_width: int) -> dict[str, tuple[type, dict]]:
     }
 
 
-def field_of(name: str, depth: int) -> int | None:
-    """The receptive field (pixels) of a CNN of this name and depth; None for the ViT."""
-    if name == "ViT":
-        return None
-    return receptive_field_of(BagCNN(4, width=1, depth=depth, downsample="downsampling" in name))
+def covering_depth(name: str, gap: float) -> int:
+    """The fewest 3x3 layers whose receptive field holds ink of both circles `gap` pixels apart
+    (field >= gap + 2), for the plain or the downsampling CNN."""
+    depth = 1
+    while BagCNN(4, width=1, depth=depth, downsample="downsampling" in name).receptive_field < gap + 2:
+        depth += 1
+    return depth
 
 
 def gaps(data: TwoCircles, split: str) -> torch.Tensor:
@@ -120,7 +122,12 @@ def run(args: argparse.Namespace) -> dict:
                 seconds = time.perf_counter() - started
                 accuracy, per_bin = accuracy_by_gap(model, data, "test", GAP_BINS)
                 entry = results[name].setdefault(
-                    str(depth), {"params": num_params(model), "field": field_of(name, depth), "runs": []}
+                    str(depth),
+                    {
+                        "params": num_params(model),
+                        "field": getattr(model.model, "receptive_field", None),
+                        "runs": [],
+                    },
                 )
                 entry["runs"].append(
                     {
@@ -173,11 +180,8 @@ def plot(results: dict, out: Path) -> None:
             depths = sorted(int(d) for d in by_depth)
             accs = [mean_by_gap(by_depth[str(d)])[i] for d in depths]
             ax.plot(depths, accs, marker="o", color=colors[name], label=name)
-            covering = [
-                d for d in range(1, 64) if field_of(name, d) is not None and field_of(name, d) >= hi + 2
-            ]
-            if covering and "MLP" not in name:
-                ax.axvline(covering[0], color=colors[name], linestyle=":", alpha=0.7)
+            if name in ("plain CNN", "downsampling CNN"):  # the MLP head's is the plain CNN's
+                ax.axvline(covering_depth(name, hi), color=colors[name], linestyle=":", alpha=0.7)
         ax.axhline(0.25, color="gray", linestyle="--", linewidth=0.8)
         ax.set(title=f"gap {lo:g}-{hi:g} px", xlabel="depth L (layers)", ylim=(0, 1.02))
         ax.set_xticks(sorted({int(d) for by_depth in results.values() for d in by_depth}))

@@ -11,18 +11,15 @@ from helpers import make_folders
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME ARGS` in a subprocess, as a user runs it."""
+    command = [sys.executable, str(ROOT / "benchmarks" / name), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
 def test_two_circles_comparison_smoke(tmp_path):
     tiny = ["--steps", "2", "--seeds", "1", "--num_train", "128", "--num_test", "64", "--fields", "3"]
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks/two_circles.py"),
-        *tiny,
-        "--cnn_width",
-        "8",
-        "--out",
-        str(tmp_path),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = run_script("two_circles.py", *tiny, "--cnn_width", "8", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     table = (tmp_path / "table.md").read_text()
     for name in (
@@ -38,22 +35,18 @@ def test_two_circles_comparison_smoke(tmp_path):
     for png in ("accuracy_vs_separation.png", "accuracy_vs_receptive_field.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
         (tmp_path / png).unlink()
-    replot = [sys.executable, str(ROOT / "benchmarks/two_circles.py"), "--replot", "--out", str(tmp_path)]
-    result = subprocess.run(replot, capture_output=True, text=True, timeout=600)
+    result = run_script("two_circles.py", "--replot", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "accuracy_vs_separation.png").read_bytes()[:4] == b"\x89PNG"
     # one model alone (the converged-ViT run); an unknown name is one line
-    only = [*command[:2], *tiny, "--models", "ViT", "--out", str(tmp_path / "vit")]
-    result = subprocess.run(only, capture_output=True, text=True, timeout=600)
+    result = run_script("two_circles.py", *tiny, "--models", "ViT", "--out", str(tmp_path / "vit"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "vit" / "table.md").read_text().count("| ViT") == 1
-    bad = [*only[:-4], "--models", "Vit", "--out", str(tmp_path / "bad")]
-    result = subprocess.run(bad, capture_output=True, text=True, timeout=600)
+    result = run_script("two_circles.py", *tiny, "--models", "Vit", "--out", str(tmp_path / "bad"))
     assert result.returncode == 1 and "unknown model(s) ['Vit']" in result.stderr
 
 
 def test_two_circles_depth_smoke(tmp_path):
-    script = str(ROOT / "benchmarks/two_circles_depth.py")
     tiny = [
         "--depths",
         "1",
@@ -67,9 +60,7 @@ def test_two_circles_depth_smoke(tmp_path):
         "--cnn_width",
         "4",
     ]
-    result = subprocess.run(
-        [sys.executable, script, *tiny, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
-    )
+    result = run_script("two_circles_depth.py", *tiny, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     table = (tmp_path / "table.md").read_text()
     # fields: plain 2L + 1; downsampling 3 and 11
@@ -82,12 +73,7 @@ def test_two_circles_depth_smoke(tmp_path):
         assert row in table
     assert "| 7 |" in table and "| 11 |" in table
     (tmp_path / "accuracy_vs_depth.png").unlink()
-    result = subprocess.run(
-        [sys.executable, script, "--replot", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_script("two_circles_depth.py", "--replot", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "accuracy_vs_depth.png").read_bytes()[:4] == b"\x89PNG"
 
