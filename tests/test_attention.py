@@ -234,6 +234,12 @@ def test_embedding_filters_of_shifted_patches_cover_the_window_they_read():
     assert explained[0] > 0.9
 
 
+def test_a_conv_stem_has_no_embedding_filters_to_show():
+    model = tiny_vit(image_size=(8, 8), channels=3, conv_stem=(4,))
+    with pytest.raises(ValueError, match="a model with a conv_stem has no patch filters over pixels"):
+        embedding_filters(model)
+
+
 @pytest.mark.parametrize("shifted", [False, True])
 def test_embedding_filters_are_what_the_tokens_compute(shifted):
     """Without patch norm a patch token is its filters applied to the window of pixels it reads

@@ -37,7 +37,10 @@ def test_a_model_with_registers_and_normalisation_round_trips(tmp_path):
 
     torch.manual_seed(0)
     options = dict(num_registers=2, no_embed_class=True, layer_scale=0.5, mean=(0.5,) * 3, std=(0.25,) * 3)
+    options |= dict(conv_stem=(4, 8))
     model = ViT(num_classes=0, image_size=(16, 24), patch_size=8, dim=32, depth=1, heads=2, **options).eval()
+    for norm in (model.stem[1], model.stem[4]):  # BatchNorm's running statistics are weights too
+        norm.running_mean.uniform_(-1, 1), norm.running_var.uniform_(0.5, 2)
     save_folder(model, Preparation(3, (16, 24), classes=()), tmp_path)
     images = torch.rand(2, 3, 16, 24)
     with torch.no_grad():
@@ -73,6 +76,7 @@ def test_bad_input_is_one_line(trained_checkpoint, tmp_path, capsys):
         # shaped like configs/cifar10_cpu.yaml: shifted patches pad by negative amounts, locality
         # attention masks the diagonal
         dict(shifted_patches=True, locality_attention=True, patch_norm=True, pool="mean", mlp_ratio=2.0),
+        dict(conv_stem=(16, 32), locality_attention=True, patch_norm=True, pool="mean"),  # a conv stem
     ],
 )
 def test_onnx_export_runs_in_onnxruntime_as_in_pytorch(tmp_path, options):

@@ -304,3 +304,15 @@ def test_file_tags_are_safe_parts_of_file_names():
     assert file_tag("cat") == "cat"
     assert file_tag("my photo (1)/ü") == "my_photo__1___"
     assert file_tag("x" * 100) == "x" * 40
+
+
+def test_figure_7_of_a_conv_stem_model_leaves_out_the_pixel_filters(capsys):
+    """A conv stem stands between the pixels and the patch projection: the attention distances
+    and position similarities are drawn, the embedding filters are not, and the command says so."""
+    from vit.commands.attention import figure_7
+    from vit.model import build_vit
+
+    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8,)).eval()
+    figures = figure_7(model, torch.rand(3, 3, 16, 16), batch_size=2)
+    assert sorted(figures) == ["mean_attention_distance.png", "pos_embed_similarity.png"]
+    assert "no embedding_filters.png: the model's conv_stem lies" in capsys.readouterr().out

@@ -309,6 +309,8 @@ def embedding_filters(model: ViT) -> torch.Tensor:
     and half a patch around it (window p + 2 shift), each shifted copy's weights added at the
     pixels they read. A token is its filters applied to that window (zeros outside the image),
     plus the bias, when there is no patch norm."""
+    if model.config.get("conv_stem"):
+        raise UsageError("a model with a conv_stem has no patch filters over pixels to show")
     p, c = model.patch_size, model.in_channels
     weight = model.patch_proj.weight.detach().float()  # (dim, p*p*copies*c), laid out (p1 p2 copies c)
     copies = rearrange(weight, "d (p1 p2 copies c) -> copies d c p1 p2", p1=p, p2=p, c=c)

@@ -278,6 +278,7 @@ class ViTClassifier(Classifier):
         fused_attn: bool = True,
         patch_norm: bool = False,
         shifted_patches: bool = False,  # patches also see half a patch around them (SPT)
+        conv_stem: list[int] | None = None,  # 3x3 stride-2 convolutions' channels before patchify
         locality_attention: bool = False,  # learned temperature, no attention to oneself (LSA)
         init: Literal["timm", "torch"] = "torch",
         # the token layout and norms of the ViTs people study (vit.model.ViT explains them)
@@ -327,6 +328,7 @@ class ViTClassifier(Classifier):
             fused_attn=fused_attn,
             patch_norm=patch_norm,
             shifted_patches=shifted_patches,
+            conv_stem=conv_stem,
             locality_attention=locality_attention,
             init=init,
             class_token=class_token,

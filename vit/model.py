@@ -126,6 +126,21 @@ class ShiftedPatches(nn.Module):
         return torch.cat([F.pad(x, (dx, -dx, dy, -dy)) for dy, dx in self.offsets], dim=1)
 
 
+class ConvStem(nn.Sequential):
+    """A convolutional stem in front of the patch embedding (Xiao et al. 2021, "Early
+    Convolutions Help Transformers See Better"): one 3x3 convolution of stride 2 per entry of
+    `channels`, each followed by BatchNorm and ReLU, so the image reaches the patchify step
+    2 ** len(channels) times smaller, with channels[-1] channels."""
+
+    def __init__(self, in_channels: int, channels: list[int]):
+        layers = []
+        for c_in, c_out in zip([in_channels, *channels], channels, strict=False):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out)]
+            layers.append(nn.ReLU(inplace=True))
+        super().__init__(*layers)
+        self.stride = 2 ** len(channels)
+
+
 class FeedForward(nn.Sequential):
     def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
         super().__init__(
@@ -275,6 +290,9 @@ class ViT(nn.Module):
         fused_attn: bool = True,
         patch_norm: bool = False,  # LayerNorm before and after the patch projection (vit-pytorch)
         shifted_patches: bool = False,  # Shifted Patch Tokenization: patches see their neighbours
+        # channels of the 3x3 stride-2 convolutions before the patch embedding (ConvStem); the
+        # patch grid stays the patch size's: the patch embedding takes the rest of the stride
+        conv_stem: tuple[int, ...] | None = None,
         locality_attention: bool = False,  # learned temperature, no attention to oneself
         init: Literal["timm", "torch"] = "torch",
         norm_eps: float = 1e-5,  # LayerNorm's; timm's ViTs use 1e-6
@@ -341,10 +359,20 @@ class ViT(nn.Module):
         for name, values in (("mean", mean), ("std", std)):
             table = None if values is None else torch.tensor(values, dtype=torch.float32)[:, None, None]
             self.register_buffer(name, table, persistent=False)
+        # the stem's output is patchified with what stride remains of the patch size
+        self.stem = ConvStem(in_channels, list(conv_stem)) if conv_stem else nn.Identity()
+        stride = getattr(self.stem, "stride", 1)
+        if conv_stem:
+            require(all(c >= 1 for c in conv_stem), f"conv_stem={list(conv_stem)} needs positive channels")
+            require(
+                patch_size % stride == 0, f"patch_size={patch_size} is not divisible by the stem's {stride}"
+            )
+            require(not shifted_patches, "conv_stem and shifted_patches do not combine")
+        token_patch, token_channels = patch_size // stride, conv_stem[-1] if conv_stem else in_channels
         # the paper's shift: half a patch
         shift = [ShiftedPatches(max(patch_size // 2, 1))] if shifted_patches else []
         copies = len(shift[0].offsets) if shift else 1  # the image, and its shifted copies
-        patch_dim = patch_size * patch_size * in_channels * copies
+        patch_dim = token_patch * token_patch * token_channels * copies
         proj = nn.Linear(patch_dim, dim, bias=not pre_norm)
         # patch_norm puts patch content on the scale of fixed position tables, whatever the pixels'
         embed = (
@@ -352,7 +380,7 @@ class ViT(nn.Module):
             if patch_norm
             else [proj]
         )
-        patchify = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size)
+        patchify = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=token_patch, p2=token_patch)
         self.to_patch_embedding = nn.Sequential(*shift, patchify, *embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if distilled else None
@@ -430,7 +458,7 @@ class ViT(nn.Module):
         """
         if self.mean is not None:
             x = (x - self.mean) / self.std
-        x = self.to_patch_embedding(x)
+        x = self.to_patch_embedding(self.stem(x))
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
         if self.pos_embed is not None and not self.pos_embed_prefix:  # positions of patches only
@@ -484,7 +512,7 @@ class ViT(nn.Module):
         norms and the heads."""
         if name.startswith("blocks."):
             return int(name.split(".")[1]) + 1
-        if name.startswith(("to_patch_embedding.", "norm_pre.")) or name in self.no_weight_decay():
+        if name.startswith(("stem.", "to_patch_embedding.", "norm_pre.")) or name in self.no_weight_decay():
             return 0
         return len(self.blocks) + 1
 

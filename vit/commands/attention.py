@@ -179,7 +179,10 @@ def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
         figures["pos_embed_similarity.png"] = pos_embed_similarity_figure(pos_embed_similarity(model))
     else:
         print("no pos_embed_similarity.png: the model has no position embeddings")
-    figures["embedding_filters.png"] = embedding_filters_figure(*embedding_filter_components(model))
+    if model.config.get("conv_stem"):
+        print("no embedding_filters.png: the model's conv_stem lies between pixels and patch projection")
+    else:
+        figures["embedding_filters.png"] = embedding_filters_figure(*embedding_filter_components(model))
     return figures
 
 
