@@ -155,9 +155,8 @@ class FeedForward(nn.Sequential):
 class Attention(nn.Module):
     """Multi-head self-attention: softmax(Q K^T / sqrt(d_head)) V, heads concatenated, projected.
 
-    `fused=True` runs `F.scaled_dot_product_attention` (fast, no weights), except when training
-    in bf16 on CPU, where the explicit computation below is faster; `fused=False` always runs the
-    explicit one.
+    `fused=True` runs `F.scaled_dot_product_attention` (fast, no weights), except in bf16 on CPU,
+    where the explicit computation below is faster; `fused=False` always runs the explicit one.
     `forward(..., return_weights=True)` takes the explicit path for that call only and returns
     the weights (batch, heads, tokens, tokens).
 
@@ -212,10 +211,10 @@ class Attention(nn.Module):
                 others = mask.masked_fill(itself, float("-inf"))
                 mask = torch.where(itself & others.isneginf().all(-1, keepdim=True), mask, others)
         weights = None
-        # On CPU in bf16 the explicit path trains 1.8x faster than SDPA's flash kernel (its backward
-        # is slow) for ViT-sized sequences (benchmarks/README.md); in fp32, in inference and on GPU
-        # SDPA is as fast or faster.
-        slow_sdpa = q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled()
+        # On CPU in bf16 the explicit path is faster than SDPA's flash kernel for ViT-sized
+        # sequences: 1.8x in training (its backward is slow), about 1.1x in inference
+        # (benchmarks/README.md); in fp32 and on GPU SDPA is as fast or faster.
+        slow_sdpa = q.dtype == torch.bfloat16 and q.device.type == "cpu"
         fused = self.fused and not return_weights
         if fused and not slow_sdpa:
             p = self.dropout if self.training else 0.0
@@ -230,7 +229,7 @@ class Attention(nn.Module):
                 else:
                     scores = scores + mask
             # softmax in fp32 even under bf16 autocast: rows must sum to 1
-            weights = scores.float().softmax(dim=-1).to(v.dtype)
+            weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
             out = self.attn_drop(weights) @ v
         out = rearrange(out, "b h n d -> b n (h d)")
         return self.proj_drop(self.proj(out)), None if fused else weights
