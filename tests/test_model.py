@@ -104,12 +104,17 @@ def test_shifted_patches_see_their_neighbours():
     assert model.patch_proj.in_features == 4 * 4 * 3 * 5
     image = torch.randn(1, 3, 16, 16, requires_grad=True)
     token = model.to_patch_embedding(image)[0, 5]  # the patch at row 1, column 1: pixels 4..7
-    (grad,) = torch.autograd.grad(token.square().sum(), image)
-    seen = grad.abs().sum(dim=(0, 1)) > 0
+    seen = pixels_seen(token, image)
     expected = torch.zeros(16, 16, dtype=torch.bool)
     expected[2:10, 2:10] = True
     assert torch.equal(seen, expected)
     assert model(image).shape == (1, 3)
+
+
+def pixels_seen(token: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+    """(H, W) bool: the pixels of `image` (over batch and channels) that `token` depends on."""
+    (grad,) = torch.autograd.grad(token.square().sum(), image)
+    return grad.abs().sum(dim=(0, 1)) > 0
 
 
 def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():
@@ -123,8 +128,7 @@ def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():
     image = torch.randn(16, 3, 16, 16, requires_grad=True)
     model.eval()  # BatchNorm's running statistics: each image on its own
     token = model.to_patch_embedding(model.stem(image))[:, 5]
-    (grad,) = torch.autograd.grad(token.square().sum(), image)
-    seen = grad.abs().sum(dim=(0, 1)) > 0
+    seen = pixels_seen(token, image)
     expected = torch.zeros(16, 16, dtype=torch.bool)
     expected[1:8, 1:8] = True
     assert torch.equal(seen, expected)
