@@ -88,6 +88,12 @@ def test_locality_attention_does_not_combine_with_an_attention_window():
                   locality_attention=True)  # fmt: skip
 
 
+def pixels_seen(token: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+    """(H, W) bool: the pixels of `image` (over batch and channels) that `token` depends on."""
+    (grad,) = torch.autograd.grad(token.square().sum(), image)
+    return grad.abs().sum(dim=(0, 1)) > 0
+
+
 def test_shifted_patches_see_their_neighbours():
     """SPT stacks the image and four copies moved half a patch diagonally (zeros fill in), so a
     patch token reads the pixels up to half a patch around its patch, and no further."""
@@ -109,12 +115,6 @@ def test_shifted_patches_see_their_neighbours():
     expected[2:10, 2:10] = True
     assert torch.equal(seen, expected)
     assert model(image).shape == (1, 3)
-
-
-def pixels_seen(token: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-    """(H, W) bool: the pixels of `image` (over batch and channels) that `token` depends on."""
-    (grad,) = torch.autograd.grad(token.square().sum(), image)
-    return grad.abs().sum(dim=(0, 1)) > 0
 
 
 def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():
