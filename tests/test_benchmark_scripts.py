@@ -60,18 +60,31 @@ def test_two_circles_depth_smoke(tmp_path):
         "--cnn_width",
         "4",
     ]
-    result = run_script("two_circles_depth.py", *tiny, "--out", str(tmp_path))
+    from benchmarks.two_circles_depth import model_specs
+
+    result = run_script("two_circles_depth.py", *tiny, "--models", *model_specs(1), "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     table = (tmp_path / "table.md").read_text()
     # fields: plain 2L + 1; downsampling 3 and 11
     for row in (
-        "| ViT | 3 |",
+        "| ViT, relative positions | 3 |",
+        "| ViT, learned positions | 1 |",
         "| plain CNN | 1 |",
         "| plain CNN, MLP head | 3 |",
         "| downsampling CNN | 3 |",
     ):
         assert row in table
     assert "| 7 |" in table and "| 11 |" in table
+    # a second seed added to one row: two test accuracies there, one elsewhere
+    more = ["--add", "--models", "plain CNN", "--depths", "3", "--seeds", "1"]
+    result = run_script("two_circles_depth.py", *tiny, *more, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line.split(" | ")[0] + " | " + line.split(" | ")[1]: line for line in
+            (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ")}  # fmt: skip
+    assert rows["| plain CNN | 3"].rstrip(" |").split(" | ")[-1].count(", ") == 1
+    assert rows["| plain CNN | 1"].rstrip(" |").split(" | ")[-1].count(", ") == 0
+    result = run_script("two_circles_depth.py", *tiny[:4], "3", *tiny[5:], *more, "--out", str(tmp_path))
+    assert result.returncode == 1 and "--add needs the set-up" in result.stderr
     (tmp_path / "accuracy_vs_depth.png").unlink()
     result = run_script("two_circles_depth.py", "--replot", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]

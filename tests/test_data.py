@@ -39,6 +39,22 @@ def test_circle_positions_and_separations_do_not_depend_on_the_class():
     assert homogeneity_p_value(per_class_histogram(distance, labels, torch.linspace(7, 11, 9))) > 0.01
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "chebyshev"])
+def test_the_separation_metric_decides_which_distance_is_the_same_for_every_class(metric):
+    """With `separation_metric="chebyshev"` the larger of the x and y distances (the gap square
+    receptive fields see) lies in `separation` and does not depend on the class; measured along
+    the line instead, the diagonals' pairs are closer along x and y, and the test sees it."""
+    g = torch.Generator().manual_seed(7)
+    _, labels, centres = make_two_circles(20000, noise=0.0, separation=(8.0, 15.0), separation_metric=metric,
+                                          generator=g)  # fmt: skip
+    delta = torus_delta(centres[:, 0], centres[:, 1], 32.0)
+    measured = delta.abs().amax(dim=1) if metric == "chebyshev" else delta.norm(dim=1)
+    assert measured.min() >= 8.0 - 1e-4 and measured.max() <= 15.0 + 1e-4
+    chebyshev = per_class_histogram(delta.abs().amax(dim=1), labels, torch.linspace(8, 15, 8))
+    p_value = homogeneity_p_value(chebyshev)
+    assert p_value > 0.01 if metric == "chebyshev" else p_value < 1e-6
+
+
 def test_the_leak_test_catches_the_bounded_canvas():
     """The same test has the power to see the leak that the wrap-around canvas removes."""
     position, labels, _ = circle_positions(wrap=False)

@@ -7,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.attention import attention_weights
-from vit.model import PRESETS, Attention, ShiftedPatches, ViT, build_vit, sincos_2d
+from vit.model import PRESETS, Attention, RelativePositionBias, ShiftedPatches, ViT, build_vit, sincos_2d
 
 
 def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -200,7 +200,13 @@ def test_scores_are_scaled_by_sqrt_head_dim():
 
 
 @pytest.mark.parametrize(
-    "options", [{}, dict(shifted_patches=True, locality_attention=True, patch_dropout=0.5, patch_norm=True)]
+    "options",
+    [
+        {},
+        dict(shifted_patches=True, locality_attention=True, patch_dropout=0.5, patch_norm=True),
+        dict(rel_pos_bias=True),
+        dict(rel_pos_bias=True, locality_attention=True, class_token=False, pool="mean"),
+    ],
 )
 @pytest.mark.parametrize("fused", [True, False])
 def test_gradients_reach_every_parameter(fused, options):
@@ -373,6 +379,69 @@ def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
         build_vit("micro", patch_dropout=1.0, **kwargs)
 
 
+@pytest.mark.parametrize("class_token", [True, False])
+def test_relative_position_bias_depends_on_the_offset_only(class_token):
+    """Two pairs of patches share a bias exactly when they are the same rows and columns apart;
+    the class token's row, column and own entry are three more, BEiT's."""
+    grid, prefix = (3, 4), int(class_token)
+    rel = RelativePositionBias(grid, heads=2, class_token=class_token)
+    assert rel.relative_position_bias_table.shape == (5 * 7 + 3 * prefix, 2)
+    with torch.no_grad():
+        rel.relative_position_bias_table.copy_(torch.randn_like(rel.relative_position_bias_table))
+    bias = rel()
+    assert bias.shape == (2, 12 + prefix, 12 + prefix)
+    rows, cols = (c.flatten() for c in torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij"))
+    offset = torch.stack((rows[:, None] - rows, cols[:, None] - cols), -1)  # (12, 12, 2)
+    same_offset = (offset[:, :, None, None] == offset[None, None]).all(-1)  # (i, j) and (k, l)
+    patches = bias[0, prefix:, prefix:]
+    same_bias = patches[:, :, None, None] == patches[None, None]
+    assert torch.equal(same_bias, same_offset)
+    if class_token:
+        table = rel.relative_position_bias_table
+        assert (bias[:, 0, 1:] == table[35, :, None]).all() and (bias[:, 1:, 0] == table[36, :, None]).all()
+        torch.testing.assert_close(bias[:, 0, 0], table[37])
+
+
+@pytest.mark.parametrize("class_token", [True, False])
+def test_relative_position_bias_fused_and_explicit_agree(class_token):
+    """The bias reaches SDPA as an additive mask and the explicit path as the same: both give one
+    output, and one gradient for the tables."""
+    torch.manual_seed(0)
+    kwargs = dict(num_classes=3, image_size=16, patch_size=4, rel_pos_bias=True, class_token=class_token)
+    fused = build_vit("micro", pool="cls" if class_token else "mean", **kwargs)
+    explicit = build_vit("micro", pool="cls" if class_token else "mean", fused_attn=False, **kwargs)
+    with torch.no_grad():
+        for rel in fused.rel_pos:
+            rel.relative_position_bias_table.normal_()
+    explicit.load_state_dict(fused.state_dict())
+    x = torch.randn(4, 3, 16, 16)
+    outputs = [model(x) for model in (fused, explicit)]
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
+    for out in outputs:
+        out.logsumexp(-1).sum().backward()
+    for a, b in zip(fused.rel_pos, explicit.rel_pos, strict=True):
+        grad_a, grad_b = a.relative_position_bias_table.grad, b.relative_position_bias_table.grad
+        assert grad_a.abs().sum() > 0
+        torch.testing.assert_close(grad_a, grad_b, atol=1e-5, rtol=1e-4)
+    # without the bias (or with another one) the output differs: the bias is used
+    with torch.no_grad():
+        explicit.rel_pos[0].relative_position_bias_table.zero_()
+    assert not torch.allclose(explicit(x), outputs[0], atol=1e-3)
+
+
+def test_relative_position_bias_refuses_what_it_cannot_index():
+    kwargs = dict(num_classes=2, image_size=16, patch_size=4, rel_pos_bias=True)
+    with pytest.raises(ValueError, match="registers"):
+        build_vit("micro", num_registers=1, **kwargs)
+    with pytest.raises(ValueError, match="patch_dropout"):
+        build_vit("micro", patch_dropout=0.5, **kwargs)
+    model = build_vit("micro", **kwargs)
+    assert model.no_weight_decay() >= {f"rel_pos.{i}.relative_position_bias_table" for i in range(2)}
+    assert model.layer_of("rel_pos.1.relative_position_bias_table") == 2  # block 1's
+    with pytest.raises(ValueError, match="keeps its image size"):
+        model.set_image_size(24)
+
+
 def test_attention_window_needs_mean_pooling():
     with pytest.raises(ValueError, match="pool='mean'"):
         build_vit("micro", num_classes=2, image_size=16, patch_size=4, attn_window=1)
@@ -395,3 +464,23 @@ def test_bf16_on_cpu_takes_the_explicit_path_and_matches_sdpa(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", None)  # calling it would fail
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):  # inference too
         torch.testing.assert_close(attn(x)[0], sdpa.detach(), atol=3e-2, rtol=3e-2)
+
+
+def test_bf16_attention_weights_are_the_fp32_softmax_rounded_once():
+    """On CPU in bf16 the explicit path takes bf16's softmax kernel, which must compute in fp32 and
+    round once: the same weights as the fp32 softmax rounded to bf16, bar the last bit of a few
+    (867 of 107 million entries measured), and rows that sum to 1 as closely."""
+    torch.manual_seed(0)
+    attn = Attention(dim=192, heads=3)
+    x = torch.randn(8, 65, 192) * 3  # sharp and flat rows
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, weights = attn(x, return_weights=True)
+        q, k, _ = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=3)
+        scores = (q @ k.transpose(-2, -1)) * attn.scale
+    assert weights.dtype == scores.dtype == torch.bfloat16
+    rounded = scores.softmax(dim=-1, dtype=torch.float32).to(torch.bfloat16)
+    step = torch.finfo(torch.bfloat16).eps * rounded.float().abs()  # one bf16 step, relative
+    assert ((weights.float() - rounded.float()).abs() <= step).all()
+    assert (weights == rounded).float().mean() > 0.999
+    sums = weights.float().sum(-1)
+    assert (sums - 1).abs().max() <= (rounded.float().sum(-1) - 1).abs().max() + 1e-2

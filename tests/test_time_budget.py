@@ -102,7 +102,9 @@ def test_a_resumed_run_continues_the_schedule(clock, tmp_path):
 
 
 def test_max_epochs_minus_one_with_max_time_from_the_cli(runs):
-    budget = ["--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:03"]
+    # 6 s: a validation that takes over 1.5 times the longest before it (a busy machine) ends
+    # training at the budget mid-schedule; more validations measured make that less likely
+    budget = ["--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:06"]
     cli.main(["fit", *tiny_args(runs, *budget, "--model.min_lr_fraction", "0.01")])
     run = runs / "tiny" / "version_0"
     assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
@@ -111,7 +113,7 @@ def test_max_epochs_minus_one_with_max_time_from_the_cli(runs):
     rates = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
     minutes = [float(r["time/minutes"]) for r in rows if r.get("time/minutes")]
     # on a real clock, within the budget up to its noise (the fake clock above measures exactly)
-    assert rates and minutes and minutes[-1] <= 3.5 / 60
+    assert rates and minutes and minutes[-1] <= 6.5 / 60
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     last_lr = saved["lr_schedulers"][0]["_last_lr"]
     assert last_lr[-1] == pytest.approx(saved["hyper_parameters"]["lr"] * 0.01)  # ended at the budget

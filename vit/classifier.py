@@ -272,6 +272,7 @@ class ViTClassifier(Classifier):
         pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
         pool: Literal["cls", "mean"] = "cls",
         attn_window: int | None = None,
+        rel_pos_bias: bool = False,  # a learned attention bias per head and patch offset (BEiT, Swin)
         dropout: float = 0.0,
         drop_path: float = 0.0,
         patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
@@ -322,6 +323,7 @@ class ViTClassifier(Classifier):
             pos_embed=pos_embed,
             pool=pool,
             attn_window=attn_window,
+            rel_pos_bias=rel_pos_bias,
             dropout=dropout,
             drop_path=drop_path,
             patch_dropout=patch_dropout,

@@ -71,6 +71,33 @@ def window_mask(grid: tuple[int, int], window: int) -> torch.Tensor:
     return mask
 
 
+class RelativePositionBias(nn.Module):
+    """A learned bias on the attention scores of each pair of patches by their offset in rows and
+    columns, one table of (2H - 1)(2W - 1) offsets per head, from zero (Swin; BEiT's
+    `relative_position_bias_table` and `relative_position_index`): attention can prefer an offset
+    wherever the two patches are, positions without the translation that absolute ones must learn.
+    A class token in front takes three more entries, BEiT's: its row, its column, itself."""
+
+    def __init__(self, grid: tuple[int, int], heads: int, class_token: bool):
+        super().__init__()
+        h, w = grid
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        rows, cols = rows.flatten(), cols.flatten()
+        # offsets shifted to start at 0, row-major over the (2h - 1) x (2w - 1) table
+        index = (rows[:, None] - rows + h - 1) * (2 * w - 1) + (cols[:, None] - cols + w - 1)
+        size = (2 * h - 1) * (2 * w - 1)
+        if class_token:
+            index = F.pad(index, (1, 0, 1, 0))
+            index[0, :], index[:, 0], index[0, 0] = size, size + 1, size + 2
+            size += 3
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(size, heads))
+        self.register_buffer("relative_position_index", index, persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        """The bias (heads, tokens, tokens), to add to the attention scores."""
+        return rearrange(self.relative_position_bias_table[self.relative_position_index], "n m h -> h n m")
+
+
 def resample_pos_embed(
     pos_embed: torch.Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
@@ -228,8 +255,14 @@ class Attention(nn.Module):
                     scores = scores.masked_fill(~mask, float("-inf"))
                 else:
                     scores = scores + mask
-            # softmax in fp32 even under bf16 autocast: rows must sum to 1
-            weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
+            # The softmax is computed in fp32 and rounded once to the input's dtype. CPU's bf16
+            # kernel does that inside, without an fp32 copy (faster: benchmarks/README.md); its
+            # backward reads the rounded weights: gradients differ from an fp32 softmax's by
+            # bf16 rounding.
+            if slow_sdpa:
+                weights = scores.softmax(dim=-1)
+            else:
+                weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
             out = self.attn_drop(weights) @ v
         out = rearrange(out, "b h n d -> b n (h d)")
         return self.proj_drop(self.proj(out)), None if fused else weights
@@ -283,6 +316,7 @@ class ViT(nn.Module):
         pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
         pool: Literal["cls", "mean"] = "cls",
         attn_window: int | None = None,  # patches attend only within this Chebyshev distance
+        rel_pos_bias: bool = False,  # a learned bias per head and patch offset (RelativePositionBias)
         dropout: float = 0.0,
         drop_path: float = 0.0,  # stochastic-depth rate of the last block, linear from 0
         patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
@@ -399,6 +433,18 @@ class ViT(nn.Module):
             require(patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
             require(not locality_attention, "attn_window and locality_attention do not combine")
             require(self.num_prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
+        if rel_pos_bias:
+            require(attn_window is None, "rel_pos_bias and attn_window do not combine")
+            require(patch_dropout == 0, "rel_pos_bias needs every patch (patch_dropout 0)")
+            require(
+                self.num_prefix_tokens == int(class_token),
+                "rel_pos_bias takes a class token at most (no distillation token, no registers)",
+            )
+        self.rel_pos = (
+            nn.ModuleList(RelativePositionBias(self.grid_size, heads, class_token) for _ in range(depth))
+            if rel_pos_bias
+            else None
+        )
         self.patch_dropout = patch_dropout
         mask = None if attn_window is None else window_mask(self.grid_size, attn_window)
         self.register_buffer("attn_mask", mask, persistent=False)
@@ -442,8 +488,10 @@ class ViT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def no_weight_decay(self) -> set[str]:
-        """Parameters other than biases and norms that AdamW should not decay."""
-        return {"cls_token", "dist_token", "reg_token", "pos_embed"}
+        """Parameters other than biases and norms that AdamW should not decay (as timm: positions,
+        prefix tokens, relative position bias tables)."""
+        tables = {f"rel_pos.{i}.relative_position_bias_table" for i in range(len(self.rel_pos or ()))}
+        return {"cls_token", "dist_token", "reg_token", "pos_embed"} | tables
 
     def forward_features(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False
@@ -471,8 +519,17 @@ class ViT(nn.Module):
         if self.attn_mask is not None:
             mask = self.attn_mask if mask is None else mask & self.attn_mask
         attention = []
-        for block in self.blocks:
-            x, weights = block(x, mask=mask, return_weights=return_attention)
+        for i, block in enumerate(self.blocks):
+            block_mask = mask
+            if self.rel_pos is not None:  # the bias, where the mask lets attention through
+                bias = self.rel_pos[i]()
+                if mask is None:
+                    block_mask = bias
+                elif mask.dtype == torch.bool:
+                    block_mask = bias.masked_fill(~mask, float("-inf"))
+                else:
+                    block_mask = bias + mask
+            x, weights = block(x, mask=block_mask, return_weights=return_attention)
             attention.append(weights)
         x = self.norm(x)
         return (x, attention) if return_attention else x
@@ -507,9 +564,9 @@ class ViT(nn.Module):
 
     def layer_of(self, name: str) -> int:
         """Depth of the parameter `name`, for layer-wise learning-rate decay: 0 for the embeddings
-        (patches, positions, prefix tokens, pre-norm), i + 1 for block i, depth + 1 for the final
-        norms and the heads."""
-        if name.startswith("blocks."):
+        (patches, positions, prefix tokens, pre-norm), i + 1 for block i (and its relative position
+        bias), depth + 1 for the final norms and the heads."""
+        if name.startswith(("blocks.", "rel_pos.")):
             return int(name.split(".")[1]) + 1
         if name.startswith(("stem.", "to_patch_embedding.", "norm_pre.")) or name in self.no_weight_decay():
             return 0
@@ -524,6 +581,7 @@ class ViT(nn.Module):
             image_h % p == 0 and image_w % p == 0, f"image size {image_h}x{image_w} is not divisible by {p}"
         )
         require(self.attn_mask is None, "a model with attn_window keeps its image size")
+        require(self.rel_pos is None, "a model with rel_pos_bias keeps its image size")
         old_grid, grid = self.grid_size, (image_h // p, image_w // p)
         if isinstance(self.pos_embed, nn.Parameter):
             table = resample_pos_embed(self.pos_embed.data, grid, old_grid, self.pos_embed_prefix)

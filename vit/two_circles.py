@@ -52,13 +52,17 @@ def make_two_circles(
     max_distractors: int = 0,
     midpoints: str = "all",
     wrap: bool = True,
+    separation_metric: Literal["euclidean", "chebyshev"] = "euclidean",
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`n` images (n, 1, H, W) in [0, 1] with two identical anti-aliased filled circles; their
     labels; and the circle centres (n, 2, 2) as (x, y) pixels.
 
     The label is the orientation of the line joining the centres (`ORIENTATIONS`), +-`angle_jitter`
-    degrees; the separation is drawn from the same range for every class. With `wrap` the canvas
+    degrees; the separation is drawn from the same range for every class, as the distance between
+    the centres (`separation_metric` "euclidean") or as the larger of its x and y parts
+    ("chebyshev", what square receptive fields see: then no class has closer circles along x or
+    y than another, which the Euclidean distance would give the diagonals). With `wrap` the canvas
     wraps around (a torus): the midpoint is uniform, so each circle's position is uniform whatever
     the class, and a circle that crosses an edge comes back on the other side. Without it, the
     midpoint is uniform over the places that keep both circles inside the image, which makes
@@ -73,6 +77,10 @@ def make_two_circles(
     degrees = torch.tensor(ORIENTATIONS[num_classes], dtype=torch.float32)[labels]
     angle = torch.deg2rad(degrees + (torch.rand(n, generator=g) * 2 - 1) * angle_jitter)
     dist = separation[0] + torch.rand(n, generator=g) * (separation[1] - separation[0])
+    if separation_metric == "chebyshev":
+        dist = dist / torch.maximum(angle.cos().abs(), angle.sin().abs())
+    elif separation_metric != "euclidean":
+        raise UsageError(f"separation_metric must be 'euclidean' or 'chebyshev', got {separation_metric!r}")
     # Image rows grow downwards, so "/" (45 deg) goes right and up: the y offset is -sin.
     offset = torch.stack((dist * torch.cos(angle), -dist * torch.sin(angle)), dim=1)  # (n, 2) x, y
     mid = torch.rand(n, 2, generator=g) * size
@@ -129,6 +137,7 @@ class TwoCircles(L.LightningDataModule):
         num_classes: Literal[2, 4] = 4,
         max_distractors: int = 0,
         wrap: bool = True,  # a wrap-around canvas: circle positions independent of the class
+        separation_metric: Literal["euclidean", "chebyshev"] = "euclidean",  # how separations are measured
         holdout_midpoints: bool = False,
         test_split: Literal["iid", "far", "held_out"] = "iid",
         num_train: int = 20000,
@@ -147,6 +156,10 @@ class TwoCircles(L.LightningDataModule):
         require(num_classes in ORIENTATIONS, f"num_classes={num_classes} must be 2 or 4")
         require(max_distractors >= 0, f"max_distractors={max_distractors} must be >= 0")
         require(test_split in ("iid", "far", "held_out"), f"unknown test_split {test_split!r}")
+        require(
+            separation_metric in ("euclidean", "chebyshev"),
+            f"separation_metric must be 'euclidean' or 'chebyshev', got {separation_metric!r}",
+        )
         require(
             test_split != "held_out" or holdout_midpoints,
             "test_split=held_out needs holdout_midpoints=true (else nothing was held out)",
@@ -196,7 +209,7 @@ class TwoCircles(L.LightningDataModule):
                 n, hp.image_size, hp.radius,
                 hp.far_separation if name == "far" else hp.separation,
                 hp.angle_jitter, hp.noise, hp.num_classes, hp.max_distractors, midpoints, hp.wrap,
-                generator=g,
+                hp.separation_metric, generator=g,
             )  # fmt: skip
             self.splits[name] = InMemory(images, labels)
             self.centres[name] = centres
