@@ -241,9 +241,9 @@ class Attention(nn.Module):
         # On CPU in bf16 the explicit path is faster than SDPA's flash kernel for ViT-sized
         # sequences: 1.8x in training (its backward is slow), about 1.1x in inference
         # (benchmarks/README.md); in fp32 and on GPU SDPA is as fast or faster.
-        slow_sdpa = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+        cpu_bf16 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
         fused = self.fused and not return_weights
-        if fused and not slow_sdpa:
+        if fused and not cpu_bf16:
             p = self.dropout if self.training else 0.0
             if self.locality:  # SDPA takes its scale as a number: a learned one scales q instead
                 q, scale = q * scale.to(q.dtype), 1.0
@@ -259,7 +259,7 @@ class Attention(nn.Module):
             # kernel does that inside, without an fp32 copy (faster: benchmarks/README.md); its
             # backward reads the rounded weights: gradients differ from an fp32 softmax's by
             # bf16 rounding.
-            if slow_sdpa:
+            if cpu_bf16:
                 weights = scores.softmax(dim=-1)
             else:
                 weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
@@ -518,17 +518,14 @@ class ViT(nn.Module):
         x = self.norm_pre(self.drop(x))
         if self.attn_mask is not None:
             mask = self.attn_mask if mask is None else mask & self.attn_mask
+        if self.rel_pos is not None and mask is not None and mask.dtype == torch.bool:
+            # the bias applies where the mask lets attention through: one additive mask for all blocks
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         attention = []
         for i, block in enumerate(self.blocks):
             block_mask = mask
-            if self.rel_pos is not None:  # the bias, where the mask lets attention through
-                bias = self.rel_pos[i]()
-                if mask is None:
-                    block_mask = bias
-                elif mask.dtype == torch.bool:
-                    block_mask = bias.masked_fill(~mask, float("-inf"))
-                else:
-                    block_mask = bias + mask
+            if self.rel_pos is not None:
+                block_mask = self.rel_pos[i]() if mask is None else self.rel_pos[i]() + mask
             x, weights = block(x, mask=block_mask, return_weights=return_attention)
             attention.append(weights)
         x = self.norm(x)
