@@ -145,6 +145,29 @@ def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():
             build_vit("micro", num_classes=3, image_size=16, conv_stem=(8, 16), **{"patch_size": 4} | options)
 
 
+def test_a_stride_1_convolution_in_the_stem_widens_the_window_and_keeps_the_grid():
+    """conv_stem_strides [1, 2, 2]: a stride-1 convolution first, then the two stride-2 ones; the
+    grid stays 4x4 and the token of patch (1, 1) reads one pixel more on each side: 0..8."""
+    torch.manual_seed(0)
+    model = build_vit(
+        "micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(4, 8, 16), conv_stem_strides=(1, 2, 2)
+    )
+    assert model.grid_size == (4, 4) and model.patch_proj.in_features == 16
+    image = torch.randn(16, 3, 16, 16, requires_grad=True)
+    model.eval()
+    seen = pixels_seen(model.to_patch_embedding(model.stem(image))[:, 5], image)
+    expected = torch.zeros(16, 16, dtype=torch.bool)
+    expected[0:9, 0:9] = True
+    assert torch.equal(seen, expected)
+    assert model.config["conv_stem_strides"] == [1, 2, 2]  # exported with the weights
+    for options, message in (
+        (dict(conv_stem_strides=(2,)), r"conv_stem_strides=\[2\] needs one stride per conv_stem entry"),
+        (dict(conv_stem_strides=(1, 3)), "conv_stem_strides must be 1s and 2s"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            build_vit("micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8, 16), **options)
+
+
 def test_additive_mask_equals_boolean_mask():
     torch.manual_seed(0)
     attn = Attention(dim=16, heads=2)

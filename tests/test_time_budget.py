@@ -3,6 +3,7 @@ last validation fits inside it, and a resumed run continues the same schedule. A
 every training step take 1 s and every validation batch 1.5 s."""
 
 import csv
+import math
 from types import SimpleNamespace
 
 import lightning as L
@@ -45,11 +46,11 @@ def clock(monkeypatch) -> list[float]:
     return now
 
 
-def fit(clock, tmp_path, callbacks=(), ckpt_path=None, max_time=40):
+def fit(clock, tmp_path, callbacks=(), ckpt_path=None, max_time=40, **options):
     # 256 images in batches of 32: 8 steps an epoch; 64 validation images: 2 batches, 3 s
     data = TwoCircles(num_train=256, num_val=64, num_test=64, batch_size=32)
     model = ViTClassifier(
-        preset="micro", in_channels=1, num_classes=4, patch_size=8, lr=LR, min_lr_fraction=FLOOR
+        preset="micro", in_channels=1, num_classes=4, patch_size=8, lr=LR, min_lr_fraction=FLOOR, **options
     )
     timed = Clock(clock)
     trainer = L.Trainer(
@@ -78,6 +79,33 @@ def test_the_schedule_spans_the_budget_and_the_last_validation_fits_in_it(clock,
     progress = (12 / 34 - 0.05) / 0.95
     expected = LR * (FLOOR + (1 - FLOOR) * (1 + torch.cos(torch.tensor(torch.pi * progress)).item()) / 2)
     assert timed.rates[9] == pytest.approx(expected, rel=1e-5)  # step 9 ends at 12 s
+
+
+def test_patch_dropout_end_moves_the_share_of_dropped_patches_with_the_schedule(clock, tmp_path):
+    """patch_dropout 0.75 -> patch_dropout_end 0.25 over the time budget: the first steps keep a
+    quarter of the patches, the last ones three quarters, never fewer than the step before."""
+    kept = []
+
+    class Tokens(Callback):  # the patch tokens the first block sees in each training step
+        def on_fit_start(self, trainer, pl_module):
+            block = pl_module.model.blocks[0]
+            block.register_forward_pre_hook(
+                lambda m, args, kwargs: kept.append(args[0].shape[1] - 1) if m.training else None,
+                with_kwargs=True,
+            )
+
+    trainer, timed = fit(clock, tmp_path, callbacks=[Tokens()], patch_dropout=0.75, patch_dropout_end=0.25)
+    patches = math.prod(trainer.lightning_module.model.grid_size)
+    assert trainer.global_step == 25 and len(kept) == 25
+    assert kept[0] == patches // 4 and kept[-1] == round(
+        patches * (1 - 0.25 - 0.5 / 34)
+    )  # step 25 starts at 33 s of 34
+    assert all(a <= b for a, b in zip(kept, kept[1:], strict=False))
+    # a fixed share without patch_dropout_end, as before
+    kept.clear()
+    clock[0] = 2000.0
+    fit(clock, tmp_path / "fixed", callbacks=[Tokens()], patch_dropout=0.75)
+    assert set(kept) == {patches // 4}
 
 
 def test_a_resumed_run_continues_the_schedule(clock, tmp_path):

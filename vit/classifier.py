@@ -276,10 +276,14 @@ class ViTClassifier(Classifier):
         dropout: float = 0.0,
         drop_path: float = 0.0,
         patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
+        # PatchDropout's share at the end of training, linear from patch_dropout over the schedule
+        # (steps or time budget); None: patch_dropout throughout
+        patch_dropout_end: float | None = None,
         fused_attn: bool = True,
         patch_norm: bool = False,
         shifted_patches: bool = False,  # patches also see half a patch around them (SPT)
         conv_stem: list[int] | None = None,  # 3x3 stride-2 convolutions' channels before patchify
+        conv_stem_strides: list[int] | None = None,  # their strides (1 or 2) when not all 2
         locality_attention: bool = False,  # learned temperature, no attention to oneself (LSA)
         init: Literal["timm", "torch"] = "torch",
         # the token layout and norms of the ViTs people study (vit.model.ViT explains them)
@@ -300,6 +304,8 @@ class ViTClassifier(Classifier):
             raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         if weights is not None and pretrained is None:
             raise UsageError("weights goes with pretrained (the model to fine-tune)")
+        if patch_dropout_end is not None and not 0 <= patch_dropout_end < 1:
+            raise UsageError(f"patch_dropout_end={patch_dropout_end} must lie in [0, 1)")
         super().__init__(num_classes, **kwargs)
         training = dict(dropout=dropout, drop_path=drop_path, patch_dropout=patch_dropout)
         training["fused_attn"] = fused_attn
@@ -331,6 +337,7 @@ class ViTClassifier(Classifier):
             patch_norm=patch_norm,
             shifted_patches=shifted_patches,
             conv_stem=conv_stem,
+            conv_stem_strides=conv_stem_strides,
             locality_attention=locality_attention,
             init=init,
             class_token=class_token,
@@ -342,6 +349,15 @@ class ViTClassifier(Classifier):
             qkv_bias=qkv_bias,
             norm_eps=norm_eps,
         )
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        start, end = self.hparams.patch_dropout, self.hparams.patch_dropout_end
+        if end is not None:
+            total = max(self.trainer.estimated_stepping_batches, 1)
+            progress = min(self.training_progress(self.global_step, total), 1.0)
+            self.model.patch_dropout = start + (end - start) * progress
+            self.log("train/patch_dropout", self.model.patch_dropout, on_step=True, on_epoch=False)
 
 
 class CNNClassifier(Classifier):

@@ -8,6 +8,7 @@ lucidrains' vit-pytorch: helpers, FeedForward, Attention, Block, ViT.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -155,17 +156,18 @@ class ShiftedPatches(nn.Module):
 
 class ConvStem(nn.Sequential):
     """A convolutional stem in front of the patch embedding (Xiao et al. 2021, "Early
-    Convolutions Help Transformers See Better"): one 3x3 convolution of stride 2 per entry of
-    `channels`, each followed by BatchNorm and ReLU, so the image reaches the patchify step
-    2 ** len(channels) times smaller, with channels[-1] channels."""
+    Convolutions Help Transformers See Better"): one 3x3 convolution per entry of `channels`,
+    of stride 2 unless `strides` says otherwise, each followed by BatchNorm and ReLU, so the
+    image reaches the patchify step prod(strides) times smaller, with channels[-1] channels."""
 
-    def __init__(self, in_channels: int, channels: list[int]):
+    def __init__(self, in_channels: int, channels: list[int], strides: list[int] | None = None):
+        strides = strides or [2] * len(channels)
         layers = []
-        for c_in, c_out in zip([in_channels, *channels], channels, strict=False):
-            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out)]
+        for c_in, c_out, s in zip([in_channels, *channels], channels, strides, strict=False):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=s, padding=1, bias=False), nn.BatchNorm2d(c_out)]
             layers.append(nn.ReLU(inplace=True))
         super().__init__(*layers)
-        self.stride = 2 ** len(channels)
+        self.stride = math.prod(strides)
 
 
 class FeedForward(nn.Sequential):
@@ -326,6 +328,7 @@ class ViT(nn.Module):
         # channels of the 3x3 stride-2 convolutions before the patch embedding (ConvStem); the
         # patch grid stays the patch size's: the patch embedding takes the rest of the stride
         conv_stem: tuple[int, ...] | None = None,
+        conv_stem_strides: tuple[int, ...] | None = None,  # one per conv_stem entry, 1 or 2; default 2s
         locality_attention: bool = False,  # learned temperature, no attention to oneself
         init: Literal["timm", "torch"] = "torch",
         norm_eps: float = 1e-5,  # LayerNorm's; timm's ViTs use 1e-6
@@ -393,10 +396,18 @@ class ViT(nn.Module):
             table = None if values is None else torch.tensor(values, dtype=torch.float32)[:, None, None]
             self.register_buffer(name, table, persistent=False)
         # the stem's output is patchified with what stride remains of the patch size
-        self.stem = ConvStem(in_channels, list(conv_stem)) if conv_stem else nn.Identity()
-        stride = getattr(self.stem, "stride", 1)
+        if conv_stem_strides is not None:
+            require(
+                conv_stem is not None and len(conv_stem_strides) == len(conv_stem),
+                f"conv_stem_strides={list(conv_stem_strides)} needs one stride per conv_stem entry",
+            )
+            require(all(s in (1, 2) for s in conv_stem_strides), "conv_stem_strides must be 1s and 2s")
         if conv_stem:
             require(all(c >= 1 for c in conv_stem), f"conv_stem={list(conv_stem)} needs positive channels")
+        strides = list(conv_stem_strides) if conv_stem_strides is not None else None
+        self.stem = ConvStem(in_channels, list(conv_stem), strides) if conv_stem else nn.Identity()
+        stride = getattr(self.stem, "stride", 1)
+        if conv_stem:
             require(
                 patch_size % stride == 0, f"patch_size={patch_size} is not divisible by the stem's {stride}"
             )
