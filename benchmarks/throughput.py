@@ -28,6 +28,7 @@ Peers: `pip install -e ".[bench]"`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
 import statistics
 import time
@@ -94,6 +95,7 @@ BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
     "ours+stem": partial(build_ours, conv_stem=(32, 64)),  # not a peer; not run by default
 }
 PEERS = ("timm", "vit-pytorch")
+MODULES = {"timm": "timm", "vit-pytorch": "vit_pytorch"}  # what each peer imports
 
 
 def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
@@ -327,6 +329,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.compile and args.matmuls_alone:
         parser.error("--matmuls-alone replays eager matmuls; a compiled step runs other kernels")
+    for name in args.systems:
+        if name in MODULES:
+            try:
+                importlib.import_module(MODULES[name])
+            except ImportError:
+                parser.error(f"{name} needs the {MODULES[name]} package: pip install -e '.[bench]'")
     device = pick_device()
     print(hardware(device))
     print(f"config {CONFIG}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps")

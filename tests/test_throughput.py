@@ -1,6 +1,7 @@
 """A quick run of the benchmark's functions at a tiny size; the real run is benchmarks/throughput.py."""
 
 import importlib.util
+import sys
 
 import pytest
 import torch
@@ -45,6 +46,16 @@ def test_matmuls_alone_refuses_compile(capsys):
     with pytest.raises(SystemExit):
         main(["--compile", "--matmuls-alone"])
     assert "a compiled step runs other kernels" in capsys.readouterr().err
+
+
+def test_a_missing_peer_library_is_a_one_line_error(monkeypatch, capsys):
+    from benchmarks.throughput import main
+
+    monkeypatch.setitem(sys.modules, "vit_pytorch", None)  # import vit_pytorch now fails
+    with pytest.raises(SystemExit):
+        main(["--systems", "ours", "vit-pytorch", "--precisions", "fp32"])
+    err = capsys.readouterr().err
+    assert "vit-pytorch needs the vit_pytorch package" in err and ".[bench]" in err
 
 
 def test_every_builder_is_named():
