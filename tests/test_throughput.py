@@ -6,14 +6,10 @@ import sys
 import pytest
 import torch
 
-from benchmarks.throughput import BUILDERS, TIE, System, gemm_peak, measure, table
+from benchmarks.throughput import BUILDERS, MODULES, TIE, System, gemm_peak, measure, table
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0, num_classes=3)
-PEERS = [
-    name
-    for name, module in (("timm", "timm"), ("vit-pytorch", "vit_pytorch"))
-    if importlib.util.find_spec(module)
-]
+PEERS = [name for name, module in MODULES.items() if importlib.util.find_spec(module)]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -9,6 +9,7 @@ lucidrains' vit-pytorch: helpers, FeedForward, Attention, Block, ViT.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -160,7 +161,7 @@ class ConvStem(nn.Sequential):
     of stride 2 unless `strides` says otherwise, each followed by BatchNorm and ReLU, so the
     image reaches the patchify step prod(strides) times smaller, with channels[-1] channels."""
 
-    def __init__(self, in_channels: int, channels: list[int], strides: list[int] | None = None):
+    def __init__(self, in_channels: int, channels: list[int], strides: Sequence[int] | None = None):
         strides = strides or [2] * len(channels)
         layers = []
         for c_in, c_out, s in zip([in_channels, *channels], channels, strides, strict=False):
@@ -404,14 +405,15 @@ class ViT(nn.Module):
             require(all(s in (1, 2) for s in conv_stem_strides), "conv_stem_strides must be 1s and 2s")
         if conv_stem:
             require(all(c >= 1 for c in conv_stem), f"conv_stem={list(conv_stem)} needs positive channels")
-        strides = list(conv_stem_strides) if conv_stem_strides is not None else None
-        self.stem = ConvStem(in_channels, list(conv_stem), strides) if conv_stem else nn.Identity()
-        stride = getattr(self.stem, "stride", 1)
-        if conv_stem:
+            self.stem = ConvStem(in_channels, list(conv_stem), conv_stem_strides)
             require(
-                patch_size % stride == 0, f"patch_size={patch_size} is not divisible by the stem's {stride}"
+                patch_size % self.stem.stride == 0,
+                f"patch_size={patch_size} is not divisible by the stem's {self.stem.stride}",
             )
             require(not shifted_patches, "conv_stem and shifted_patches do not combine")
+        else:
+            self.stem = nn.Identity()
+        stride = getattr(self.stem, "stride", 1)
         token_patch, token_channels = patch_size // stride, conv_stem[-1] if conv_stem else in_channels
         # the paper's shift: half a patch
         shift = [ShiftedPatches(max(patch_size // 2, 1))] if shifted_patches else []
