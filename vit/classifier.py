@@ -270,7 +270,7 @@ class ViTClassifier(Classifier):
         heads: int | None = None,
         mlp_ratio: float | None = None,
         pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
-        pool: Literal["cls", "mean", "seq"] = "cls",
+        pool: Literal["cls", "mean"] = "cls",
         attn_window: int | None = None,
         rel_pos_bias: bool = False,  # a learned attention bias per head and patch offset (BEiT, Swin)
         dropout: float = 0.0,

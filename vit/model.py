@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
+from einops import rearrange
 from einops.layers.torch import Rearrange
 from torch import nn
 
@@ -317,7 +317,7 @@ class ViT(nn.Module):
         heads: int = 3,
         mlp_ratio: float = 4.0,
         pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
-        pool: Literal["cls", "mean", "seq"] = "cls",  # seq: CCT's sequence pooling (a learned softmax)
+        pool: Literal["cls", "mean"] = "cls",
         attn_window: int | None = None,  # patches attend only within this Chebyshev distance
         rel_pos_bias: bool = False,  # a learned bias per head and patch offset (RelativePositionBias)
         dropout: float = 0.0,
@@ -364,9 +364,9 @@ class ViT(nn.Module):
             raise UsageError(f"image size {image_h}x{image_w} is not divisible by patch size {patch_size}")
         if init not in ("timm", "torch"):
             raise UsageError(f"init must be 'timm' or 'torch', got {init!r}")
-        if pool not in ("cls", "mean", "seq"):
-            raise UsageError(f"pool must be 'cls', 'mean' or 'seq', got {pool!r}")
-        require(class_token or pool != "cls", "a model without a class token needs pool='mean' or 'seq'")
+        if pool not in ("cls", "mean"):
+            raise UsageError(f"pool must be 'cls' or 'mean', got {pool!r}")
+        require(class_token or pool == "mean", "a model without a class token needs pool='mean'")
         require(class_token or not distilled, "a distillation token goes with a class token")
         require(num_registers >= 0, f"num_registers={num_registers} must be >= 0")
         require(not (distilled and fc_norm), "distilled and fc_norm do not combine")
@@ -441,7 +441,7 @@ class ViT(nn.Module):
             self.pos_embed = None
         if attn_window is not None:
             # The class token would carry global information, so it is cut off: a local model.
-            require(pool != "cls", "attn_window needs pool='mean' or 'seq' (the class token is cut off)")
+            require(pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
             require(attn_window >= 0, f"attn_window={attn_window} must be >= 0")
             require(patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
             require(not locality_attention, "attn_window and locality_attention do not combine")
@@ -475,9 +475,6 @@ class ViT(nn.Module):
         self.norm = nn.Identity() if fc_norm else nn.LayerNorm(dim, eps=norm_eps)
         self.fc_norm = nn.LayerNorm(dim, eps=norm_eps) if fc_norm else nn.Identity()
         # num_classes 0: no head, the pooled features are the output (DINO's, DINOv2's models)
-        # sequence pooling (Hassani et al. 2021, CCT): the head reads the patch tokens weighted by
-        # a softmax over a learned score of each
-        self.seq_pool = nn.Linear(dim, 1) if pool == "seq" else None
         self.head = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, num_classes) if distilled else None
         # "timm": linear weights, class token and learned positions ~ N(0, 0.02) (timm, ViT paper);
@@ -558,22 +555,11 @@ class ViT(nn.Module):
         return torch.cat((prefix, patches), dim=1)
 
     def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
-        pooled = tokens[:, 0] if self.pool == "cls" else self.pool_patches(tokens[:, self.num_prefix_tokens :])
+        pooled = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(1)
         logits = self.head(self.fc_norm(pooled))
         if self.head_dist is not None:  # DeiT at inference: the mean of its two heads
             logits = (logits + self.head_dist(tokens[:, 1])) / 2
         return logits
-
-    def pool_patches(self, patches: torch.Tensor) -> torch.Tensor:
-        """The patch tokens (B, N, dim) the head reads as one (B, dim): their mean, or with `pool:
-        seq` their sum weighted by `seq_pool_weights`."""
-        if self.seq_pool is None:
-            return patches.mean(1)
-        return einsum(self.seq_pool_weights(patches), patches, "b n, b n d -> b d")
-
-    def seq_pool_weights(self, patches: torch.Tensor) -> torch.Tensor:
-        """Sequence pooling's weight of each patch token (B, N): a softmax over the patches."""
-        return self.seq_pool(patches).squeeze(-1).softmax(dim=-1)
 
     def reset_classifier(self, num_classes: int) -> None:
         """A new head (and distillation head) of `num_classes` outputs, freshly initialised: for
