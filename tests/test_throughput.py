@@ -5,8 +5,9 @@ import sys
 
 import pytest
 import torch
+import yaml
 
-from benchmarks.throughput import BUILDERS, MODULES, TIE, System, gemm_peak, measure, table
+from benchmarks.throughput import BUILDERS, CPU_CONFIG, MODULES, TIE, System, gemm_peak, measure, table
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0, num_classes=3)
 PEERS = [name for name, module in MODULES.items() if importlib.util.find_spec(module)]
@@ -56,7 +57,17 @@ def test_a_missing_peer_library_is_a_one_line_error(monkeypatch, capsys):
 
 def test_every_builder_is_named():
     assert set(BUILDERS) == {"ours", "timm", "vit-pytorch", "ours+stem"}
-    assert BUILDERS["ours+stem"](dict(TINY, patch_size=4)).config["conv_stem"] == [32, 64]
+
+
+def test_ours_with_stem_follows_the_cifar10_cpu_config():
+    """`ours+stem` times the stem and token grid configs/cifar10_cpu.yaml trains with, whatever
+    they become (it once hard-coded a stem the config had left)."""
+    config = yaml.safe_load(CPU_CONFIG.read_text())["model"]
+    model = BUILDERS["ours+stem"](dict(TINY, image_size=32))
+    assert model.config["conv_stem"] == config["conv_stem"]
+    assert model.patch_size == config["patch_size"]
+    assert model.grid_size == (32 // config["patch_size"],) * 2
+    assert model.config["dim"] == TINY["dim"]  # the rest is the benchmark's
 
 
 def test_compile_compiles_every_system_and_counts_the_eager_flops():
