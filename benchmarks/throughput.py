@@ -10,7 +10,7 @@ large square matmul in the same precision, measured in the same run. Each precis
 issue 16's target: ours at least as fast as the fastest peer in training and in inference, with
 3% (the spread between rounds) counting as a tie.
 
-    python benchmarks/throughput.py --systems ours ours+stem timm   # the cost of a conv stem
+    python benchmarks/throughput.py --systems ours ours+stem timm   # the CPU config's stem and tokens
 
 `ours+stem` is ours with configs/cifar10_cpu.yaml's stem and the patch size that goes with it
 (read from the file: today three 3x3 stride-2 convolutions and 16 tokens instead of 64, so less
