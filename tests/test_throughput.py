@@ -55,6 +55,17 @@ def test_a_missing_peer_library_is_a_one_line_error(monkeypatch, capsys):
     assert "vit-pytorch needs the vit_pytorch package" in err and ".[bench]" in err
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_is_timed_by_default_only_where_it_is_native(monkeypatch, capsys, native):
+    import benchmarks.throughput as throughput
+
+    monkeypatch.setattr(throughput, "cpu_has_native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+    assert throughput.precisions_to_time(None, cpu) == (["fp32", "bf16"] if native else ["fp32"])
+    assert ("bf16 left out: emulated on this CPU" in capsys.readouterr().out) is not native
+    assert throughput.precisions_to_time(["bf16"], cpu) == ["bf16"]  # asked for: timed anyway
+
+
 def test_every_builder_is_named():
     assert set(BUILDERS) == {"ours", "timm", "vit-pytorch", "ours+stem"}
 
