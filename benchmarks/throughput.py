@@ -325,8 +325,8 @@ def hardware(device: torch.device) -> str:
 
 def precisions_to_time(asked: list[str] | None, device: torch.device) -> list[str]:
     """The precisions asked for; by default fp32, and bf16 where the device runs it natively (CUDA,
-    or a CPU with AVX-512 BF16 or AMX). Emulated bf16 took 14x fp32's time for a training step
-    of the CPU config on a 2-core AMD EPYC with AVX2 only: a default run would last an hour."""
+    or a CPU with AVX-512 BF16 or AMX). Emulated bf16 is many times slower than fp32: on a 2-core
+    AMD EPYC with AVX2 only a default run had not finished its bf16 rows after 16 minutes."""
     if asked:
         return asked
     if device.type == "cuda" or cpu_has_native_bf16():

@@ -140,7 +140,9 @@ class ViTCLI(LightningCLI):
             raise UsageError(
                 "max_epochs=-1 needs max_steps or max_time: the learning-rate schedule needs an end"
             )
-        trainer.precision = precision_for_this_cpu(str(trainer.precision), str(trainer.accelerator))
+        precision = precision_for_this_cpu(str(trainer.precision), str(trainer.accelerator))
+        if precision != str(trainer.precision):  # unchanged otherwise: None stays Lightning's default
+            trainer.precision = precision
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             self._resolve_last(config)
