@@ -303,3 +303,4 @@ def test_bf16_on_a_cpu_that_emulates_it_trains_in_fp32(monkeypatch, capsys, runs
     assert (message in capsys.readouterr().err) is not native
     assert train.precision_for_this_cpu("32-true", "cpu") == "32-true"
     assert train.precision_for_this_cpu("bf16-mixed", "cuda") == "bf16-mixed"
+    assert train.precision_for_this_cpu(None, "cpu") is None  # unset stays Lightning's default

@@ -8,6 +8,7 @@ import torch
 import yaml
 
 from benchmarks.throughput import BUILDERS, CPU_CONFIG, MODULES, TIE, System, gemm_peak, measure, table
+from vit.commands.train import cpu_has_native_bf16
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0, num_classes=3)
 PEERS = [name for name, module in MODULES.items() if importlib.util.find_spec(module)]
@@ -133,7 +134,7 @@ def test_step_variants_compute_what_ours_computes(monkeypatch, precision):
     gradients match ours (the chunked MLP over several chunks, the last one partial)."""
     from benchmarks import step_variants
 
-    if precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if precision == "bf16" and not cpu_has_native_bf16():
         pytest.skip("oneDNN bf16 not supported on this CPU")
     monkeypatch.setattr(step_variants.ChunkedMLP, "chunk", 7)  # 4 images x 5 tokens: 3 chunks
     functions = {"linear-layouts": "LayoutsLinear", "onednn-bias": "OneDNNLinear"}

@@ -72,14 +72,15 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def precision_for_this_cpu(precision: str, accelerator: str) -> str:
+def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | int | None:
     """The precision to train in. bf16 on a CPU without native bf16 instructions (AVX-512 BF16 or
     AMX) is emulated: on a 2-core AMD EPYC with AVX2 only, configs/cifar10_cpu.yaml trained 18x
     slower in bf16-mixed than in fp32 (0.13 against 2.4 steps/s), so a config written for bf16
     CPUs would spend its time budget on a few hundred steps. There we train in 32-true instead and
-    say so in one line; everywhere else the precision is kept as given."""
+    say so in one line; everywhere else the precision is kept as given (None included)."""
+    accelerator = str(accelerator)
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if precision.startswith("bf16") and on_cpu and not cpu_has_native_bf16():
+    if str(precision).startswith("bf16") and on_cpu and not cpu_has_native_bf16():
         print(
             f"note: this CPU has no native bf16 (AVX-512 BF16 or AMX), where precision {precision} "
             f"is emulated and many times slower than fp32: training in 32-true",
@@ -140,9 +141,7 @@ class ViTCLI(LightningCLI):
             raise UsageError(
                 "max_epochs=-1 needs max_steps or max_time: the learning-rate schedule needs an end"
             )
-        precision = precision_for_this_cpu(str(trainer.precision), str(trainer.accelerator))
-        if precision != str(trainer.precision):  # unchanged otherwise: None stays Lightning's default
-            trainer.precision = precision
+        trainer.precision = precision_for_this_cpu(trainer.precision, trainer.accelerator)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             self._resolve_last(config)
