@@ -1,0 +1,93 @@
+"""Checkpoints and export folders written before the ViTConfig layout (tests/fixtures/compat, made
+by its make_fixtures.py with the code of the commit that added them) load in every command, with
+the logits they had then."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import ROOT
+from vit import load_pretrained
+from vit.checkpoint import load_model, read_checkpoint
+from vit.commands import attention as attention_command
+from vit.commands import eval as eval_command
+from vit.commands import export as export_command
+from vit.commands.train import run
+from vit.export import read_folder
+
+FIXTURES = ROOT / "tests" / "fixtures" / "compat"
+CASES = ("two_circles", "conv_stem", "registers")
+EXPECTED = load_file(FIXTURES / "logits.safetensors")
+IMAGES = EXPECTED["images"]
+
+# The model options of each fixture as the command line gives them today.
+OPTIONS = {
+    "two_circles": ["--model.preset", "micro"],
+    "conv_stem": [
+        "--model.preset", "micro", "--model.mlp_ratio", "2.0", "--model.patch_size", "8",
+        "--model.patch_norm", "true", "--model.init", "torch", "--model.pool", "mean",
+        "--model.conv_stem", "[4, 8, 16]", "--model.locality_attention", "true",
+    ],
+    "registers": [
+        "--model.preset", "micro", "--model.pool", "cls", "--model.num_registers", "2",
+        "--model.layer_scale", "0.1", "--model.drop_path", "0.1",
+    ],
+}  # fmt: skip
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(IMAGES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_an_old_checkpoint_gives_its_logits(case):
+    model, preparation = load_model(FIXTURES / f"{case}.ckpt")
+    torch.testing.assert_close(logits(model), EXPECTED[f"{case}.logits"], atol=1e-6, rtol=0)
+    assert preparation.classes[0] == "horizontal -"
+
+
+def test_an_old_export_folder_gives_its_logits():
+    expected = EXPECTED["two_circles.logits"]
+    torch.testing.assert_close(logits(load_pretrained(str(FIXTURES / "export_two_circles"))), expected)
+    model, preparation = read_folder(FIXTURES / "export_two_circles")
+    torch.testing.assert_close(logits(model), expected, atol=1e-6, rtol=0)
+    assert preparation.classes[2] == "vertical |"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vit_export_of_an_old_checkpoint_gives_its_logits(case, tmp_path):
+    export_command.main(["--ckpt", FIXTURES / f"{case}.ckpt", "--out", tmp_path / case])
+    model = load_pretrained(str(tmp_path / case))
+    torch.testing.assert_close(logits(model), EXPECTED[f"{case}.logits"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vit_eval_and_vit_attention_read_an_old_checkpoint(case, tmp_path):
+    ckpt = FIXTURES / f"{case}.ckpt"
+    eval_command.main(["--ckpt", ckpt, "--out", tmp_path / "eval"])
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert 0 <= metrics["top1"] <= 1
+    for method in ("cls", "rollout", "grad-rollout"):
+        out = tmp_path / method
+        attention_command.main(["--ckpt", ckpt, "--out", out, "--num_images", "2", "--method", method])
+        assert list(out.glob("*.png")), method
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vit_train_resumes_an_old_checkpoint(case, tmp_path):
+    ckpt = FIXTURES / f"{case}.ckpt"
+    assert read_checkpoint(ckpt)["global_step"] == 3
+    fixture = json.loads((FIXTURES / "fixtures.json").read_text())["cases"][case]
+    data = [a for a in fixture[: fixture.index("--trainer.max_epochs")] if a != "configs/two_circles.yaml"]
+    args = ["fit", "--config", str(ROOT / "configs/two_circles.yaml"), *data[1:], *OPTIONS[case]]
+    args += ["--trainer.max_epochs", "3", "--trainer.max_steps", "5", "--ckpt_path", str(ckpt)]
+    args += ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    args += ["--trainer.logger.init_args.save_dir", str(tmp_path)]
+    cli = run(args)
+    assert cli.trainer.global_step == 5  # two steps after the three of the fixture
+    (last,) = Path(tmp_path).glob("*/*/checkpoints/last.ckpt")
+    assert read_checkpoint(last)["global_step"] == 5
