@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from benchmarks.throughput import pick_device, seconds_per_call
 from vit.classifier import adamw
 from vit.datamodules import CIFAR10
-from vit.model import build_vit
+from vit.model import ViT
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_COPY = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
@@ -95,9 +95,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )  # fmt: skip
     data.prepare_data()
     data.setup("fit")
-    model = build_vit(
-        args.preset, num_classes=data.num_classes, image_size=data.image_size, in_channels=data.in_channels,
-        patch_size=args.patch_size, dim=args.dim, depth=args.depth, heads=args.heads,
+    model = ViT(
+        preset=args.preset, num_classes=data.num_classes, image_size=data.image_size,
+        in_channels=data.in_channels, patch_size=args.patch_size, dim=args.dim, depth=args.depth,
+        heads=args.heads,
         mlp_ratio=args.mlp_ratio, patch_dropout=args.patch_dropout,
         shifted_patches=args.shifted_patches, locality_attention=args.locality_attention,
     ).to(device)  # fmt: skip

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from benchmarks.throughput import CONFIG, build_vit_pytorch
 from vit.datamodules import CIFAR10
-from vit.model import build_vit, num_params
+from vit.model import ViT, num_params
 
 SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
 
@@ -35,8 +35,8 @@ SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10
 def build(args: argparse.Namespace) -> torch.nn.Module:
     if args.model == "vit-pytorch":
         return build_vit_pytorch(CONFIG)  # the `cifar` size, as in the throughput benchmark
-    return build_vit(
-        "cifar", num_classes=10, image_size=32, patch_size=4, patch_norm=True, pool="mean",
+    return ViT(
+        preset="cifar", num_classes=10, image_size=32, patch_size=4, patch_norm=True, pool="mean",
         init=args.init, dim=args.dim, depth=args.depth, heads=args.heads, mlp_ratio=args.mlp_ratio,
     )  # fmt: skip
 

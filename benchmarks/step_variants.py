@@ -125,9 +125,9 @@ def linear_variant(function: type[torch.autograd.Function]) -> Callable[[nn.Modu
 
 def chunked_mlp(model: nn.Module) -> None:
     for m in model.modules():
-        if isinstance(m, FeedForward):  # fc1, GELU, dropout, fc2, dropout
-            assert m[2].p == m[4].p == 0, "the chunked MLP has no dropout"
-            fc1, fc2 = m[0], m[3]
+        if isinstance(m, FeedForward):  # fc1, GELU, fc2, each followed by dropout
+            assert m.drop.p == 0, "the chunked MLP has no dropout"
+            fc1, fc2 = m.fc1, m.fc2
             args = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
             m.forward = lambda x, args=args: autocast_free(x.device.type, ChunkedMLP.apply, x, *args)
 

@@ -47,7 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit.classifier import adamw
 from vit.commands.train import cpu_has_native_bf16
-from vit.model import build_vit
+from vit.model import ViT
 
 # The issue's configuration: CIFAR-sized images, a ViT-Ti-wide model of 6 blocks.
 CONFIG = dict(image_size=32, patch_size=4, dim=192, depth=6, heads=3, mlp_ratio=4.0, num_classes=10)
@@ -73,13 +73,13 @@ def synchronize(device: torch.device) -> None:
 
 
 def build_ours(cfg: dict) -> nn.Module:
-    return build_vit("cifar", **cfg)
+    return ViT(preset="cifar", **cfg)
 
 
 def build_ours_with_stem(cfg: dict) -> nn.Module:
     """Ours with the CIFAR-10 CPU config's stem and patch size (its token grid), the rest `cfg`."""
-    model = yaml.safe_load(CPU_CONFIG.read_text())["model"]
-    return build_vit("cifar", **{**cfg, **{name: model.get(name) for name in STEM_OPTIONS}})
+    vit = yaml.safe_load(CPU_CONFIG.read_text())["model"]["vit"]
+    return ViT(preset="cifar", **{**cfg, **{name: vit.get(name) for name in STEM_OPTIONS}})
 
 
 def build_timm(cfg: dict) -> nn.Module:

@@ -36,8 +36,8 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from vit import CNNClassifier, TwoCircles, ViTClassifier
-from vit.attention import attention_share, attention_weights, query_attention_maps
+from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
+from vit.attention_maps import attention_share, attention_weights, query_attention_maps
 from vit.classifier import Classifier
 from vit.model import num_params
 from vit.plot import overlay_grid_figure, save_figure
@@ -51,6 +51,12 @@ from vit.two_circles import circle_patch_masks, torus_delta
 # has only such midpoints (positions the model never saw the pair at).
 DATA = dict(radius=2.0, separation=(12.0, 14.5), far_separation=(14.5, 15.9), holdout_midpoints=True)
 SPLITS = ("test", "far", "held_out")
+
+
+def vit_classifier(*, num_classes: int, image_size: int, in_channels: int, lr: float, **vit) -> ViTClassifier:
+    """A ViTClassifier of flat options, as the comparisons write them: the data's, the learning
+    rate, and the rest the ViT's (`ViTConfig`)."""
+    return ViTClassifier(num_classes, image_size, in_channels, vit=ViTConfig(**vit), lr=lr)
 
 
 def models(fields: list[int], cnn_width: int) -> dict[str, dict]:
@@ -70,11 +76,11 @@ def models(fields: list[int], cnn_width: int) -> dict[str, dict]:
     )  # fmt: skip
     cnn = dict(num_classes=4, in_channels=1, width=cnn_width, lr=2e-3)
     specs = {
-        "ViT": (ViTClassifier, vit),
-        "ViT, no position embeddings": (ViTClassifier, vit | dict(pos_embed="none")),
+        "ViT": (vit_classifier, vit),
+        "ViT, no position embeddings": (vit_classifier, vit | dict(pos_embed="none")),
         # window 0: every patch attends only to itself, a bag of 8x8-patch features
-        "ViT, attention window 0": (ViTClassifier, vit | dict(attn_window=0, pool="mean")),
-        "ViT, attention window 1": (ViTClassifier, vit | dict(attn_window=1, pool="mean")),
+        "ViT, attention window 0": (vit_classifier, vit | dict(attn_window=0, pool="mean")),
+        "ViT, attention window 1": (vit_classifier, vit | dict(attn_window=1, pool="mean")),
         "ResNet": (CNNClassifier, cnn | dict(arch="resnet")),
     }
     for q in fields:

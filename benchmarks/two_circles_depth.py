@@ -53,7 +53,7 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from vit import CNNClassifier, TwoCircles, ViTClassifier
+from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.cnn import BagCNN
 from vit.model import num_params
 from vit.two_circles import torus_delta
@@ -71,18 +71,26 @@ GAP_BINS = [4.0, 6.0, 8.0, 10.0]
 
 def model_specs(cnn_width: int, vit_lr: float = 3e-3) -> dict[str, tuple[type, dict]]:
     """Name -> (class, keyword arguments but depth)."""
-    vit = dict(
-        num_classes=4, image_size=DATA["image_size"], in_channels=1, dim=64, heads=4, mlp_ratio=2.0,
-        patch_size=PATCH, pool="mean", init="torch", lr=vit_lr,
-    )  # fmt: skip
+    vit = dict(dim=64, heads=4, mlp_ratio=2.0, patch_size=PATCH, pool="mean", init="torch")
+    train = dict(num_classes=4, image_size=DATA["image_size"], in_channels=1, lr=vit_lr)
     cnn = dict(num_classes=4, in_channels=1, width=cnn_width, lr=2e-3)
     return {
-        "ViT, relative positions": (ViTClassifier, vit | dict(pos_embed="none", rel_pos_bias=True)),
-        "ViT, learned positions": (ViTClassifier, vit),
+        "ViT, relative positions": (
+            ViTClassifier,
+            train | dict(vit=vit | dict(pos_embed="none", rel_pos_bias=True)),
+        ),
+        "ViT, learned positions": (ViTClassifier, train | dict(vit=vit)),
         "plain CNN": (CNNClassifier, cnn),
         "plain CNN, MLP head": (CNNClassifier, cnn | dict(mlp_head=True)),
         "downsampling CNN": (CNNClassifier, cnn | dict(downsample=True)),
     }
+
+
+def build(cls: type, kwargs: dict, depth: int):
+    """The model of a spec at `depth`: a ViT's depth is an option of its `vit` config."""
+    if cls is ViTClassifier:
+        return ViTClassifier(**kwargs | dict(vit=ViTConfig(**kwargs["vit"], depth=depth)))
+    return cls(**kwargs, depth=depth)
 
 
 def data_options(args: argparse.Namespace) -> dict:
@@ -130,7 +138,7 @@ def run(args: argparse.Namespace) -> dict:
         for name, (cls, kwargs) in specs.items():
             for depth in args.depths:
                 L.seed_everything(seed, verbose=False)
-                model = cls(**kwargs, depth=depth)
+                model = build(cls, kwargs, depth)
                 trainer = L.Trainer(
                     max_steps=args.steps, logger=False, enable_checkpointing=False, limit_val_batches=0,
                     enable_model_summary=False, enable_progress_bar=False, num_sanity_val_steps=0,

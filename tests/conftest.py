@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit import TwoCircles, ViTClassifier
+from vit import TwoCircles, ViTClassifier, ViTConfig, compat
 
 
 @pytest.fixture
@@ -20,7 +20,9 @@ def trained() -> tuple[ViTClassifier, TwoCircles]:
     data = TwoCircles(num_train=512, num_val=64, num_test=64, batch_size=64)
     data.setup("fit")
     data.setup("test")
-    model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, preset="micro", patch_size=8)
+    model = ViTClassifier(
+        num_classes=4, image_size=32, in_channels=1, vit=ViTConfig(preset="micro", patch_size=8)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     images, labels = data.splits["train"].images, data.splits["train"].labels
     losses = []
@@ -40,15 +42,18 @@ def trained() -> tuple[ViTClassifier, TwoCircles]:
 
 @pytest.fixture(scope="session")
 def trained_checkpoint(trained, tmp_path_factory) -> Path:
-    """The trained model saved as vit-train saves it: weights, its hyperparameters and its data
-    module's (with the class path LightningCLI records)."""
+    """The trained model saved as vit-train saves it today: weights, its hyperparameters and its
+    data module's (with the class paths LightningCLI records), the preparation of its images and
+    the format version (tests/test_compat.py reads the files of older versions)."""
     model, data = trained
     path = tmp_path_factory.mktemp("trained") / "tiny.ckpt"
     torch.save(
         {
             "state_dict": model.state_dict(),
-            "hyper_parameters": dict(model.hparams),
-            "datamodule_hyper_parameters": {**data.hparams, "_class_path": "vit.data.TwoCircles"},
+            "hyper_parameters": {**model.hparams, "_class_path": "vit.classifier.ViTClassifier"},
+            "datamodule_hyper_parameters": {**data.hparams, "_class_path": "vit.two_circles.TwoCircles"},
+            "preparation": data.preparation.to_dict(),
+            compat.CHECKPOINT_KEY: compat.FORMAT_VERSION,
         },
         path,
     )

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # A few seconds of training: the smallest preset on a few hundred two-circles images.
 TINY = [
     "--config", str(ROOT / "configs/two_circles.yaml"),
-    "--model.preset", "micro",
+    "--model.vit.preset", "micro",
     "--data.init_args.num_train", "512",
     "--data.init_args.num_val", "128",
     "--data.init_args.num_test", "128",
@@ -101,3 +101,21 @@ def command_error(command, args, capsys) -> tuple[int, str]:
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: "), lines
     return exit_info.value.code, lines[-1]
+
+
+def explicit_attention_weights(model, images):
+    """The tokens of `model` (a ViT) and every block's attention weights (batch, heads, tokens,
+    tokens), from the explicit path, recorded by plain hooks on each `attend`: the reference that
+    `vit.attention_maps` is tested against."""
+    weights, attns = [], [block.attn for block in model.blocks]
+    fused = [attn.fused for attn in attns]
+    hooks = [attn.attend.register_forward_hook(lambda m, args, w: weights.append(w)) for attn in attns]
+    try:
+        for attn in attns:
+            attn.fused = False
+        tokens = model.forward_features(images)
+    finally:
+        for attn, flag, hook in zip(attns, fused, hooks, strict=True):
+            attn.fused = flag
+            hook.remove()
+    return tokens, weights

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit.attention import (
+from tests.helpers import explicit_attention_weights
+from vit.attention_maps import (
     attention_rollout,
     attention_share,
     attention_weights,
@@ -21,14 +22,14 @@ from vit.attention import (
     pos_embed_similarity,
     query_attention_maps,
 )
-from vit.model import build_vit
+from vit.model import ViT
 from vit.two_circles import circle_patch_masks
 
 
 def tiny_vit(image_size=(16, 24), channels=1, **kwargs):
     torch.manual_seed(0)
-    model = build_vit(
-        "micro", num_classes=4, image_size=image_size, patch_size=4, in_channels=channels, **kwargs
+    model = ViT(
+        preset="micro", num_classes=4, image_size=image_size, patch_size=4, in_channels=channels, **kwargs
     )
     return model.eval()
 
@@ -47,7 +48,7 @@ def test_pooled_maps_read_the_rows_the_head_reads(pool):
 def test_extraction_matches_the_explicit_path_in_chunks_and_leaves_the_model_fused():
     model = tiny_vit()
     images = torch.randn(5, 1, 16, 24)
-    _, reference = model.forward_features(images, return_attention=True)
+    _, reference = explicit_attention_weights(model, images)
     reference = torch.stack(reference)  # (layers, batch, heads, T, T)
     weights = attention_weights(model, images, batch_size=2)  # chunks of 2, 2 and 1
     assert weights.shape == (2, 5, 2, 25, 25)
@@ -56,7 +57,7 @@ def test_extraction_matches_the_explicit_path_in_chunks_and_leaves_the_model_fus
     torch.testing.assert_close(chosen, reference[-1:, :, 1:2])
     # no hook is left behind and the fused path is still what a plain call runs
     for block in model.blocks:
-        assert block.attn.fused and not block.attn._forward_hooks and not block.attn._forward_pre_hooks
+        assert block.attn.fused and not block.attn._forward_hooks and not block.attn.attend._forward_hooks
     with pytest.raises(ValueError, match="layer=2 is out of range"):
         attention_weights(model, images, layers=2)
     with pytest.raises(ValueError, match="head=-3 is out of range"):
@@ -124,9 +125,9 @@ def test_discard_drops_the_lowest_weights_but_never_the_class_token_entries():
 
 
 def reference_gradient_rollout(model, images, target):
-    """Chefer et al. written out with the model's own return_attention path and retain_grad."""
+    """Chefer et al. written out with the model's own explicit path and retain_grad."""
     with torch.enable_grad():
-        tokens, attention = model.forward_features(images, return_attention=True)
+        tokens, attention = explicit_attention_weights(model, images)
         for a in attention:
             a.retain_grad()
         model.forward_head(tokens)[:, target].sum().backward()
@@ -220,7 +221,7 @@ def test_embedding_filters_of_shifted_patches_cover_the_window_they_read():
     column 4 from the patch's corner, so the filters are 8x8 windows starting 2 pixels out."""
     model = tiny_vit(image_size=(8, 8), channels=3, shifted_patches=True)
     linear = model.patch_proj  # input laid out (p1 p2 copies c), p = 4, 5 copies, c = 3
-    copies = next(m for m in model.to_patch_embedding if hasattr(m, "offsets")).offsets
+    copies = model.patch_embed.shift.offsets
     copy = copies.index((2, -2))
     with torch.no_grad():
         linear.weight.zero_()
@@ -249,7 +250,7 @@ def test_embedding_filters_are_what_the_tokens_compute(shifted):
     m = (filters.shape[-1] - 4) // 2
     assert m == (2 if shifted else 0)
     image = torch.randn(1, 3, 12, 8)
-    tokens = model.to_patch_embedding(image)[0]  # (3 * 2 patches, dim)
+    tokens = model.patch_embed(image)[0]  # (3 * 2 patches, dim)
     padded = F.pad(image, (m, m, m, m))[0]
     for index, (row, col) in enumerate(itertools.product(range(3), range(2))):
         window = padded[:, 4 * row : 4 * row + 4 + 2 * m, 4 * col : 4 * col + 4 + 2 * m]
@@ -287,7 +288,7 @@ def test_circle_patch_masks_follow_the_circles_round_the_edge():
 def test_every_method_works_with_several_prefix_tokens(options):
     """Maps cover the patches only (registers and other prefix tokens are never drawn as patches),
     for a non-square grid, whatever the prefix tokens."""
-    from vit.attention import explain
+    from vit.attention_maps import explain
     from vit.model import ViT
 
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import ROOT, command_error, run_train, tiny_args
 
-from vit import CNNClassifier, TwoCircles, ViTClassifier
+from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.checkpoint import load_checkpoint
 from vit.commands import train as cli
 from vit.commands.attention import attention
@@ -71,7 +71,7 @@ def test_fit_test_predict_and_attention(runs, capsys):
 
     # the checkpoint alone rebuilds the model and the data module
     model, datamodule = load_checkpoint(best)
-    assert model.hparams.preset == "micro" and model.hparams.num_classes == 4
+    assert model.hparams.vit["preset"] == "micro" and model.hparams.num_classes == 4
     assert datamodule.hparams.num_train == 512
 
     [png] = attention(ckpt=best, out=runs / "attention", num_images=3, layer=-1, head=0)
@@ -132,9 +132,10 @@ def test_compile_trains_and_keeps_eager_checkpoints(runs):
 # A short run that learns: 8000 images, 4 epochs of the demo's model, about 10 s.
 # The bounded canvas and class token of the first demo config, which learn within these 500 steps
 # (the wrap-around canvas of today's demo sits at chance for about 450 steps first).
-LEARN = ["--model.preset", "mini", "--data.init_args.num_train", "8000", "--data.init_args.num_val", "400",
+LEARN = ["--model.vit.preset", "mini", "--data.init_args.num_train", "8000",
+         "--data.init_args.num_val", "400",
          "--data.init_args.batch_size", "64", "--trainer.max_epochs", "4", "--data.init_args.wrap", "false",
-         "--data.init_args.separation", "[10.0, 16.0]", "--model.pool", "cls",
+         "--data.init_args.separation", "[10.0, 16.0]", "--model.vit.pool", "cls",
          "--model.lr", "0.002"]  # fmt: skip
 
 
@@ -172,7 +173,9 @@ def test_last_checkpoint_is_written_after_each_epoch_as_well_as_every_n_steps(tm
         enable_model_summary=False, accelerator="cpu",
     )  # fmt: skip
     data = TwoCircles(num_train=16 * 8, num_val=16, num_test=16, batch_size=8)
-    trainer.fit(ViTClassifier(num_classes=4, in_channels=1, preset="micro", patch_size=8), data)
+    trainer.fit(
+        ViTClassifier(num_classes=4, in_channels=1, vit=ViTConfig(preset="micro", patch_size=8)), data
+    )
     assert seen == [16, 32]  # 16 steps an epoch, not a multiple of 5
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 48
 
@@ -216,8 +219,8 @@ def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
         (["fit", "--nodel.preset", "mini"], "unrecognized arguments: --nodel.preset", 2),
         (["fit", "--model.lr", "fast"], 'model (vit.ViTClassifier): Parser key "lr": Expected a', 2),
         (["fit", "--model.lr", "-1"], "lr=-1.0 must be positive", 2),
-        (["fit", "--model.preset", "huge"], "unknown preset 'huge'", 2),
-        (["fit", "--model.patch_size", "5"], "not divisible by patch size 5", 2),
+        (["fit", "--model.vit.preset", "huge"], "unknown preset 'huge'", 2),
+        (["fit", "--model.vit.patch_size", "5"], "not divisible by patch size 5", 2),
         (["fit", "--data.init_args.batch_size", "0"], "batch_size=0 must be at least 1", 2),
         (["fit", "--trainer.max_epochs", "-1"], "max_epochs=-1 needs max_steps", 2),
         (["fit", "--ckpt_path", "missing.ckpt"], "checkpoint not found: missing.ckpt", 1),

@@ -25,15 +25,15 @@ IMAGES = EXPECTED["images"]
 
 # The model options of each fixture as the command line gives them today.
 OPTIONS = {
-    "two_circles": ["--model.preset", "micro"],
+    "two_circles": ["--model.vit.preset", "micro"],
     "conv_stem": [
-        "--model.preset", "micro", "--model.mlp_ratio", "2.0", "--model.patch_size", "8",
-        "--model.patch_norm", "true", "--model.init", "torch", "--model.pool", "mean",
-        "--model.conv_stem", "[4, 8, 16]", "--model.locality_attention", "true",
+        "--model.vit.preset", "micro", "--model.vit.mlp_ratio", "2.0", "--model.vit.patch_size", "8",
+        "--model.vit.patch_norm", "true", "--model.vit.init", "torch", "--model.vit.pool", "mean",
+        "--model.vit.conv_stem", "[4, 8, 16]", "--model.vit.locality_attention", "true",
     ],
     "registers": [
-        "--model.preset", "micro", "--model.pool", "cls", "--model.num_registers", "2",
-        "--model.layer_scale", "0.1", "--model.drop_path", "0.1",
+        "--model.vit.preset", "micro", "--model.vit.pool", "cls", "--model.vit.num_registers", "2",
+        "--model.vit.layer_scale", "0.1", "--model.vit.drop_path", "0.1",
     ],
 }  # fmt: skip
 

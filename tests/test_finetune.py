@@ -34,7 +34,7 @@ def test_a_pretrained_model_gets_a_new_head_and_resampled_positions(source):
     model, folder = source
     tuned = for_finetuning(str(folder), None, num_classes=2, image_size=32, in_channels=1, drop_path=0.1)
     assert tuned.head.out_features == 2 and tuned.image_size == (32, 32)
-    assert tuned.config["drop_path"] == 0.1 and tuned.config["num_registers"] == 2
+    assert tuned.config.drop_path == 0.1 and tuned.config.num_registers == 2
     expected = resample_pos_embed(model.pos_embed.data, (4, 4), (2, 2), model.pos_embed_prefix)
     torch.testing.assert_close(tuned.pos_embed.data, expected)
     for name, value in model.state_dict().items():  # everything else is the source's
@@ -52,7 +52,7 @@ def test_layer_decay_scales_the_learning_rate_by_depth(source):
     assert lr_of[id(model.head.weight)] == 1e-3 and lr_of[id(model.norm.weight)] == 1e-3
     assert lr_of[id(model.blocks[2].attn.qkv.weight)] == 1e-3 * 0.5
     assert lr_of[id(model.blocks[0].attn.qkv.weight)] == 1e-3 * 0.5**3
-    for embedding in (model.pos_embed, model.reg_token, model.cls_token, model.to_patch_embedding[1].weight):
+    for embedding in (model.pos_embed, model.reg_token, model.cls_token, model.patch_embed.proj.weight):
         assert lr_of[id(embedding)] == 1e-3 * 0.5**4
     decays = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
     assert decays[id(model.blocks[0].attn.qkv.weight)] == 0.05 and decays[id(model.pos_embed)] == 0.0
@@ -99,9 +99,11 @@ def test_fine_tuning_from_the_cli_writes_a_checkpoint_that_stands_alone(source, 
     assert recorded["architecture"]["num_classes"] == 4 and recorded["architecture"]["num_registers"] == 2
     shutil.rmtree(folder)  # the checkpoint holds the architecture: the source is not read again
     classifier, preparation = load_model(ckpt)
-    assert classifier.model.image_size == (32, 32) and classifier.model.config["mean"] == [0.5]
+    assert classifier.model.image_size == (32, 32) and list(classifier.model.config.mean) == [0.5]
     assert classifier.model.blocks[0].attn.qkv.weight.shape == model.blocks[0].attn.qkv.weight.shape
-    assert not torch.equal(classifier.model.blocks[2].mlp[0].weight, model.blocks[2].mlp[0].weight)  # trained
+    assert not torch.equal(
+        classifier.model.blocks[2].mlp.fc1.weight, model.blocks[2].mlp.fc1.weight
+    )  # trained
 
     args = ["fit", *tiny_args(runs, "--model.pretrained", str(folder))]
     status, line = command_error(cli.main, args, capsys)
@@ -117,7 +119,7 @@ def test_fine_tuning_from_the_cli_writes_a_checkpoint_that_stands_alone(source, 
 def test_a_run_saved_with_the_old_schedule_resumes_at_its_step():
     """Checkpoints written before the schedule was one LambdaLR hold a SequentialLR's state, which
     LambdaLR cannot load (KeyError: 'lr_lambdas'); converted, the rates go on as they would have."""
-    from vit.classifier import lambda_lr_state
+    from vit.compat import scheduler_state
 
     total, warmup, lr, floor, saved_at = 40, 4, 1e-3, 0.01, 13
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
@@ -138,7 +140,7 @@ def test_a_run_saved_with_the_old_schedule_resumes_at_its_step():
     new = LambdaLR(resumed, lambda s: warmup_cosine(s / total, warmup / total, floor, 1 / (warmup + 1)))
     with pytest.raises(KeyError):
         new.load_state_dict(dict(state))
-    new.load_state_dict(lambda_lr_state(dict(state)))
+    new.load_state_dict(scheduler_state(dict(state)))
     resumed.param_groups[0]["lr"] = new.get_last_lr()[0]  # Lightning restores the optimizer's too
     got = []
     for _ in range(total - saved_at):

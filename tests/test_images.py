@@ -20,7 +20,7 @@ from PIL import Image
 
 import vit.cache
 import vit.decode
-from vit import ViTClassifier
+from vit import ViTClassifier, ViTConfig
 from vit.checkpoint import load_checkpoint, load_model
 from vit.commands import train as cli
 from vit.commands.attention import attention
@@ -330,7 +330,9 @@ def test_mixing_gives_soft_labels_that_sum_to_one(tmp_path, mix):
 
 def test_classifier_takes_soft_labels():
     torch.manual_seed(0)
-    model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", patch_size=4)
+    model = ViTClassifier(
+        num_classes=3, image_size=16, in_channels=3, vit=ViTConfig(preset="micro", patch_size=4)
+    )
     x, hard = torch.rand(6, 3, 16, 16), torch.tensor([0, 1, 2, 1, 0, 2])
     soft = F.one_hot(hard, 3).float() * 0.7 + 0.1
     with pytest.warns(UserWarning, match="self.log"):  # no trainer attached
@@ -343,9 +345,9 @@ def test_classifier_takes_soft_labels():
 def train_args(root: Path, runs: Path, *extra: str) -> list[str]:
     return [
         "fit",
-        "--model.preset", "micro",
-        "--model.patch_size", "4",
-        "--data", "vit.images.ImageFolders",
+        "--model.vit.preset", "micro",
+        "--model.vit.patch_size", "4",
+        "--data", "vit.datamodules.ImageFolders",
         "--data.root", str(root),
         "--data.image_size", "16",
         "--data.batch_size", "8",
@@ -364,7 +366,7 @@ def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path,
     root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
     cli.main(train_args(root, runs, "--data.mixup_alpha", "0.2"))
     run = runs / "folders" / "version_0"
-    assert "class_path: vit.images.ImageFolders" in (run / "config.yaml").read_text()
+    assert "class_path: vit.datamodules.ImageFolders" in (run / "config.yaml").read_text()
     with open(run / "metrics.csv") as f:  # MixUp's soft labels: loss and accuracy are logged
         rows = list(csv.DictReader(f))
     assert [float(r["train/acc"]) for r in rows if r.get("train/acc")]

@@ -6,8 +6,34 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from vit.attention import attention_weights
-from vit.model import PRESETS, Attention, RelativePositionBias, ShiftedPatches, ViT, build_vit, sincos_2d
+from tests.helpers import explicit_attention_weights
+from vit.attention_maps import attention_weights
+from vit.config import PRESETS, ViTConfig
+from vit.layers import RelativePositionBias, ShiftedPatches, sincos_2d
+from vit.model import Attention, LocalityAttention, ViT
+
+
+def make_attention(dim: int, heads: int, locality: bool = False, fused: bool = True) -> Attention:
+    config = ViTConfig(dim=dim, heads=heads, fused_attn=fused)
+    return (LocalityAttention if locality else Attention)(config)
+
+
+def explicit_attention(attn: Attention, x: torch.Tensor, mask: torch.Tensor | None = None):
+    """The explicit path's output and its weights, recorded by a hook on `attend`."""
+    weights, fused = [], attn.fused
+    handle = attn.attend.register_forward_hook(lambda module, args, output: weights.append(output))
+    try:
+        attn.fused = False
+        out = attn(x, mask=mask)
+    finally:
+        attn.fused = fused
+        handle.remove()
+    return out, weights[0]
+
+
+def features_and_attention(model: ViT, x: torch.Tensor):
+    """Tokens and every block's attention weights (batch, heads, tokens, tokens)."""
+    return explicit_attention_weights(model, x)
 
 
 def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -22,14 +48,14 @@ def make_mask(batch: int, tokens: int, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_fused_and_explicit_paths_agree(masked, dtype, tolerance, locality):
     torch.manual_seed(0)
-    attn = Attention(dim=32, heads=4, locality=locality)
+    attn = make_attention(32, 4, locality=locality)
     x = torch.randn(3, 10, 32)
     mask = make_mask(3, 10) if masked else None
-    reference, _ = attn(x, mask=mask, return_weights=True)  # explicit, fp32
+    reference, _ = explicit_attention(attn, x, mask)  # explicit, fp32
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        fused, no_weights = attn(x, mask=mask)
-        explicit, weights = attn(x, mask=mask, return_weights=True)
-    assert no_weights is None and weights.shape == (3, 4, 10, 10)
+        fused = attn(x, mask=mask)
+        explicit, weights = explicit_attention(attn, x, mask)
+    assert weights.shape == (3, 4, 10, 10)
     assert fused.dtype == explicit.dtype == dtype
     torch.testing.assert_close(fused, explicit, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(fused.float(), reference, atol=tolerance, rtol=tolerance)
@@ -39,7 +65,7 @@ def test_fused_and_explicit_paths_agree(masked, dtype, tolerance, locality):
 def test_locality_attention_skips_the_diagonal_and_learns_its_temperature(mask_kind):
     """LSA: softmax(Q K^T * t) V with a learned t, starting at 1/sqrt(d_head), and no token
     attending to itself; the fused and explicit paths agree, under masks of both kinds."""
-    attn = Attention(dim=8, heads=1, locality=True)
+    attn = make_attention(8, 1, locality=True)
     assert attn.log_scale.exp().item() == pytest.approx(8**-0.5)
     with torch.no_grad():  # q = k = x, v = x
         attn.qkv.weight.copy_(torch.cat([torch.eye(8)] * 3))
@@ -49,8 +75,8 @@ def test_locality_attention_skips_the_diagonal_and_learns_its_temperature(mask_k
     mask = make_mask(2, 6, seed=2) | torch.eye(6, dtype=torch.bool).roll(1, -1)  # a key besides itself
     if mask_kind == "additive":
         mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
-    fused, _ = attn(x, mask=None if mask_kind is None else mask)
-    explicit, weights = attn(x, mask=None if mask_kind is None else mask, return_weights=True)
+    fused = attn(x, mask=None if mask_kind is None else mask)
+    explicit, weights = explicit_attention(attn, x, None if mask_kind is None else mask)
     scores = (x @ x.transpose(1, 2) * 0.7)[:, None].masked_fill(torch.eye(6, dtype=torch.bool), float("-inf"))
     if mask_kind is not None:
         scores = scores.masked_fill(mask.isinf() if mask_kind == "additive" else ~mask, float("-inf"))
@@ -59,7 +85,7 @@ def test_locality_attention_skips_the_diagonal_and_learns_its_temperature(mask_k
     torch.testing.assert_close(fused, explicit)
     # the temperature learns, in the bf16 training path too
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = attn(x)
+        out = attn(x)
     out.float().square().sum().backward()
     assert attn.log_scale.grad is not None and attn.log_scale.grad.abs() > 0
 
@@ -67,15 +93,15 @@ def test_locality_attention_skips_the_diagonal_and_learns_its_temperature(mask_k
 @pytest.mark.parametrize("additive", [False, True])
 def test_locality_attention_lets_a_token_with_no_other_key_attend_to_itself(additive):
     """A mask that leaves token 0 only itself: locality attention must not empty its row (NaN)."""
-    attn = Attention(dim=8, heads=2, locality=True)
+    attn = make_attention(8, 2, locality=True)
     mask = torch.ones(5, 5, dtype=torch.bool)
     mask[0] = False
     mask[0, 0] = True
     if additive:
         mask = torch.zeros(5, 5).masked_fill(~mask, float("-inf"))
     x = torch.randn(2, 5, 8)
-    explicit, weights = attn(x, mask=mask, return_weights=True)
-    fused, _ = attn(x, mask=mask)
+    explicit, weights = explicit_attention(attn, x, mask)
+    fused = attn(x, mask=mask)
     assert torch.isfinite(explicit).all()
     torch.testing.assert_close(weights[:, :, 0, 0], torch.ones(2, 2))
     assert (weights[:, :, 1:].diagonal(offset=1, dim1=-2, dim2=-1) == 0).all()  # others skip themselves
@@ -84,7 +110,7 @@ def test_locality_attention_lets_a_token_with_no_other_key_attend_to_itself(addi
 
 def test_locality_attention_does_not_combine_with_an_attention_window():
     with pytest.raises(ValueError, match="attn_window and locality_attention"):
-        build_vit("micro", num_classes=2, image_size=16, patch_size=4, pool="mean", attn_window=1,
+        ViT(preset="micro", num_classes=2, image_size=16, patch_size=4, pool="mean", attn_window=1,
                   locality_attention=True)  # fmt: skip
 
 
@@ -106,10 +132,10 @@ def test_shifted_patches_see_their_neighbours():
     for i, (dy, dx) in enumerate(shifted.offsets):  # copy[y, x] = image[y - dy, x - dx]
         torch.testing.assert_close(out[:, 3 * i : 3 * i + 3], padded[..., 2 - dy : 10 - dy, 2 - dx : 10 - dx])
 
-    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, shifted_patches=True)
+    model = ViT(preset="micro", num_classes=3, image_size=16, patch_size=4, shifted_patches=True)
     assert model.patch_proj.in_features == 4 * 4 * 3 * 5
     image = torch.randn(1, 3, 16, 16, requires_grad=True)
-    token = model.to_patch_embedding(image)[0, 5]  # the patch at row 1, column 1: pixels 4..7
+    token = model.patch_embed(image)[0, 5]  # the patch at row 1, column 1: pixels 4..7
     seen = pixels_seen(token, image)
     expected = torch.zeros(16, 16, dtype=torch.bool)
     expected[2:10, 2:10] = True
@@ -123,11 +149,11 @@ def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():
     pixels 1..7 (each convolution's padding looks one step up and left), and no others. A batch of
     images, because in one image every ReLU on a corner pixel's path can be off (5 seeds in 200)."""
     torch.manual_seed(0)
-    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8, 16))
+    model = ViT(preset="micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8, 16))
     assert model.grid_size == (4, 4) and model.patch_proj.in_features == 16  # 1x1 patches, 16 channels
     image = torch.randn(16, 3, 16, 16, requires_grad=True)
     model.eval()  # BatchNorm's running statistics: each image on its own
-    token = model.to_patch_embedding(model.stem(image))[:, 5]
+    token = model.patch_embed(model.stem(image))[:, 5]
     seen = pixels_seen(token, image)
     expected = torch.zeros(16, 16, dtype=torch.bool)
     expected[1:8, 1:8] = True
@@ -135,55 +161,62 @@ def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():
     assert model(image).shape == (16, 3)
     assert model.layer_of("stem.0.weight") == 0  # with the embeddings, for layer-wise decay
     # patch 8 leaves a 2x2 patch of the stem's output per token
-    wide = build_vit("micro", num_classes=3, image_size=16, patch_size=8, conv_stem=(8, 16))
+    wide = ViT(preset="micro", num_classes=3, image_size=16, patch_size=8, conv_stem=(8, 16))
     assert wide.patch_proj.in_features == 2 * 2 * 16
     for options, message in (
         (dict(patch_size=2), "patch_size=2 is not divisible by the stem's 4"),
         (dict(shifted_patches=True), "conv_stem and shifted_patches do not combine"),
     ):
         with pytest.raises(ValueError, match=message):
-            build_vit("micro", num_classes=3, image_size=16, conv_stem=(8, 16), **{"patch_size": 4} | options)
+            ViT(
+                preset="micro", num_classes=3, image_size=16, conv_stem=(8, 16), **{"patch_size": 4} | options
+            )
 
 
 def test_a_stride_1_convolution_in_the_stem_widens_the_window_and_keeps_the_grid():
     """conv_stem_strides [1, 2, 2]: a stride-1 convolution first, then the two stride-2 ones; the
     grid stays 4x4 and the token of patch (1, 1) reads one pixel more on each side: 0..8."""
     torch.manual_seed(0)
-    model = build_vit(
-        "micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(4, 8, 16), conv_stem_strides=(1, 2, 2)
+    model = ViT(
+        preset="micro",
+        num_classes=3,
+        image_size=16,
+        patch_size=4,
+        conv_stem=(4, 8, 16),
+        conv_stem_strides=(1, 2, 2),
     )
     assert model.grid_size == (4, 4) and model.patch_proj.in_features == 16
     image = torch.randn(16, 3, 16, 16, requires_grad=True)
     model.eval()
-    seen = pixels_seen(model.to_patch_embedding(model.stem(image))[:, 5], image)
+    seen = pixels_seen(model.patch_embed(model.stem(image))[:, 5], image)
     expected = torch.zeros(16, 16, dtype=torch.bool)
     expected[0:9, 0:9] = True
     assert torch.equal(seen, expected)
-    assert model.config["conv_stem_strides"] == [1, 2, 2]  # exported with the weights
+    assert list(model.config.conv_stem_strides) == [1, 2, 2]  # exported with the weights
     for options, message in (
         (dict(conv_stem_strides=(2,)), r"conv_stem_strides=\[2\] needs one stride per conv_stem entry"),
         (dict(conv_stem_strides=(1, 3)), "conv_stem_strides must be 1s and 2s"),
     ):
         with pytest.raises(ValueError, match=message):
-            build_vit("micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8, 16), **options)
+            ViT(preset="micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8, 16), **options)
 
 
 def test_additive_mask_equals_boolean_mask():
     torch.manual_seed(0)
-    attn = Attention(dim=16, heads=2)
+    attn = make_attention(16, 2)
     x = torch.randn(2, 6, 16)
     mask = make_mask(2, 6, seed=1)
     additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
     for fused in (True, False):
         attn.fused = fused
-        torch.testing.assert_close(attn(x, mask=additive)[0], attn(x, mask=mask)[0])
+        torch.testing.assert_close(attn(x, mask=additive), attn(x, mask=mask))
 
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_equals_torch_multihead_attention(masked):
     torch.manual_seed(0)
     dim, heads = 24, 3
-    ours = Attention(dim, heads, fused=False)
+    ours = make_attention(dim, heads, fused=False)
     theirs = nn.MultiheadAttention(dim, heads, batch_first=True)
     with torch.no_grad():
         theirs.in_proj_weight.copy_(ours.qkv.weight)
@@ -192,7 +225,7 @@ def test_equals_torch_multihead_attention(masked):
         theirs.out_proj.bias.copy_(ours.proj.bias)
     x = torch.randn(2, 7, dim)
     mask = make_mask(2, 7) if masked else None
-    out, weights = ours(x, mask=mask, return_weights=True)
+    out, weights = explicit_attention(ours, x, mask)
     # nn.MultiheadAttention's boolean mask means the opposite (True = blocked), per batch*heads
     their_mask = None if mask is None else (~mask).expand(2, heads, 7, 7).reshape(2 * heads, 7, 7)
     expected, expected_weights = theirs(x, x, x, attn_mask=their_mask, average_attn_weights=False)
@@ -202,10 +235,10 @@ def test_equals_torch_multihead_attention(masked):
 
 def test_weights_are_distributions_and_masked_entries_are_zero():
     torch.manual_seed(0)
-    attn = Attention(dim=32, heads=4)
+    attn = make_attention(32, 4)
     x = torch.randn(3, 10, 32)
     mask = make_mask(3, 10)
-    _, weights = attn(x, mask=mask, return_weights=True)
+    _, weights = explicit_attention(attn, x, mask)
     assert (weights >= 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 10))
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
@@ -213,12 +246,12 @@ def test_weights_are_distributions_and_masked_entries_are_zero():
 
 
 def test_scores_are_scaled_by_sqrt_head_dim():
-    attn = Attention(dim=8, heads=1)
+    attn = make_attention(8, 1)
     with torch.no_grad():  # q = k = x, v = x: the weights are softmax(x x^T / sqrt(8))
         attn.qkv.weight.copy_(torch.cat([torch.eye(8)] * 3))
         attn.qkv.bias.zero_()
     x = torch.randn(1, 5, 8)
-    _, weights = attn(x, return_weights=True)
+    _, weights = explicit_attention(attn, x)
     torch.testing.assert_close(weights[0, 0], (x[0] @ x[0].T / 8**0.5).softmax(-1))
 
 
@@ -234,8 +267,8 @@ def test_scores_are_scaled_by_sqrt_head_dim():
 @pytest.mark.parametrize("fused", [True, False])
 def test_gradients_reach_every_parameter(fused, options):
     torch.manual_seed(0)
-    model = build_vit(
-        "micro", num_classes=3, image_size=16, patch_size=4, fused_attn=fused, drop_path=0.1, **options
+    model = ViT(
+        preset="micro", num_classes=3, image_size=16, patch_size=4, fused_attn=fused, drop_path=0.1, **options
     )
     model(torch.randn(4, 3, 16, 16)).logsumexp(-1).sum().backward()
     for name, p in model.named_parameters():
@@ -253,13 +286,12 @@ def test_gradients_reach_every_parameter(fused, options):
     ],
 )
 def test_output_shapes(image_size, channels, pool, pos_embed):
-    model = build_vit(
-        "micro", num_classes=5, image_size=image_size, patch_size=4, in_channels=channels,
+    model = ViT(preset="micro", num_classes=5, image_size=image_size, patch_size=4, in_channels=channels,
         pool=pool, pos_embed=pos_embed,
     )  # fmt: skip
     h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
     x = torch.randn(2, channels, h, w)
-    tokens, attention = model.forward_features(x, return_attention=True)
+    tokens, attention = features_and_attention(model, x)
     assert model.grid_size == (h // 4, w // 4)
     assert tokens.shape == (2, 1 + (h // 4) * (w // 4), PRESETS["micro"]["dim"])
     assert len(attention) == PRESETS["micro"]["depth"]
@@ -289,8 +321,8 @@ def test_patch_norm_makes_the_model_blind_to_pixel_scale():
     torch.manual_seed(0)
     x = torch.rand(2, 1, 16, 16) + 0.1
     for patch_norm in (True, False):
-        model = build_vit(
-            "micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, patch_norm=patch_norm
+        model = ViT(
+            preset="micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, patch_norm=patch_norm
         ).eval()
         close = torch.allclose(model(x), model(5 * x), atol=1e-4)
         assert close == patch_norm
@@ -301,20 +333,20 @@ def test_init_choices():
     """timm's N(0, 0.02) start, or PyTorch's default linear init with unit-scale class token and
     positions (vit-pytorch's); anything else is refused."""
     torch.manual_seed(0)
-    timm = build_vit("mini", num_classes=3, image_size=32, init="timm")
-    torch_init = build_vit("mini", num_classes=3, image_size=32, init="torch")
+    timm = ViT(preset="mini", num_classes=3, image_size=32, init="timm")
+    torch_init = ViT(preset="mini", num_classes=3, image_size=32, init="torch")
     assert timm.pos_embed.std().item() == pytest.approx(0.02, rel=0.1)
     assert torch_init.pos_embed.std().item() == pytest.approx(0.88, rel=0.1)  # N(0, 1) cut at +-2
-    assert timm.blocks[0].mlp[0].weight.std().item() == pytest.approx(0.02, rel=0.1)
-    fan_in = torch_init.blocks[0].mlp[0].in_features  # kaiming uniform, a = sqrt(5)
-    assert torch_init.blocks[0].mlp[0].weight.std().item() == pytest.approx((3 * fan_in) ** -0.5, rel=0.1)
+    assert timm.blocks[0].mlp.fc1.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    fan_in = torch_init.blocks[0].mlp.fc1.in_features  # kaiming uniform, a = sqrt(5)
+    assert torch_init.blocks[0].mlp.fc1.weight.std().item() == pytest.approx((3 * fan_in) ** -0.5, rel=0.1)
     with pytest.raises(ValueError, match="init must be"):
-        build_vit("mini", num_classes=3, init="xavier")
+        ViT(preset="mini", num_classes=3, init="xavier")
     # the default is PyTorch's: it learned faster in every comparison we ran (docs/model.md)
     torch.manual_seed(1)
-    default = build_vit("mini", num_classes=3, image_size=32)
+    default = ViT(preset="mini", num_classes=3, image_size=32)
     torch.manual_seed(1)
-    explicit = build_vit("mini", num_classes=3, image_size=32, init="torch")
+    explicit = ViT(preset="mini", num_classes=3, image_size=32, init="torch")
     assert all(torch.equal(a, b) for a, b in zip(default.parameters(), explicit.parameters(), strict=True))
 
 
@@ -325,7 +357,7 @@ def test_image_size_not_divisible_by_patch_size():
 
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
-        build_vit("huge", num_classes=2)
+        ViT(preset="huge", num_classes=2)
 
 
 def test_position_embeddings_matter_only_when_present():
@@ -337,8 +369,8 @@ def test_position_embeddings_matter_only_when_present():
     swapped = x.clone()  # swap the top-left and bottom-right 4x4 patches (tokens 1 and 16)
     swapped[..., :4, :4], swapped[..., 12:, 12:] = x[..., 12:, 12:], x[..., :4, :4]
     for pos_embed, invariant in (("none", True), ("learned", False), ("sincos", False)):
-        model = build_vit(
-            "micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, pos_embed=pos_embed
+        model = ViT(
+            preset="micro", num_classes=3, image_size=16, patch_size=4, in_channels=1, pos_embed=pos_embed
         )
         if pos_embed == "learned":
             nn.init.normal_(model.pos_embed)
@@ -351,8 +383,8 @@ def test_attention_window_limits_how_far_information_travels():
     """With a window of 1 patch and 2 blocks, a patch's token depends only on patches at most 2
     rows and columns away; the class token is cut off, so the model pools the patch tokens."""
     torch.manual_seed(0)
-    model = build_vit(
-        "micro", num_classes=3, image_size=32, patch_size=4, in_channels=1, pool="mean", attn_window=1
+    model = ViT(
+        preset="micro", num_classes=3, image_size=32, patch_size=4, in_channels=1, pool="mean", attn_window=1
     )
     x = torch.randn(1, 1, 32, 32)
     changed = x.clone()
@@ -362,7 +394,7 @@ def test_attention_window_limits_how_far_information_travels():
     rows, cols = torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij")
     within_two = ((7 - rows) <= 2) & ((7 - cols) <= 2)
     assert torch.equal(moved, within_two)
-    _, weights = model.forward_features(x, return_attention=True)
+    _, weights = features_and_attention(model, x)
     assert (weights[0][0, :, 0, 1:] == 0).all() and (weights[0][0, :, 1:, 0] == 0).all()
 
 
@@ -371,8 +403,8 @@ def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
     with its own position; in evaluation every token goes on and the output is the plain model's."""
     torch.manual_seed(0)
     kwargs = dict(num_classes=3, image_size=16, patch_size=4, pos_embed="sincos")
-    model = build_vit("micro", patch_dropout=0.5, **kwargs)
-    plain = build_vit("micro", **kwargs)
+    model = ViT(preset="micro", patch_dropout=0.5, **kwargs)
+    plain = ViT(preset="micro", **kwargs)
     plain.load_state_dict(model.state_dict())
     model.blocks = nn.ModuleList()  # tokens straight to the final norm: we can see which went on
     plain.blocks = nn.ModuleList()
@@ -390,7 +422,7 @@ def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
     assert len(set(sources)) > 1  # a different subset per image
     torch.testing.assert_close(model.eval().forward_features(x), everything)
     # a whole model in training: logits for every image, gradients to the positions
-    full = build_vit("micro", num_classes=3, image_size=16, patch_size=4, pool="mean", patch_dropout=0.5)
+    full = ViT(preset="micro", num_classes=3, image_size=16, patch_size=4, pool="mean", patch_dropout=0.5)
     logits = full.train()(torch.randn(32, 3, 16, 16))
     logits.sum().backward()
     assert logits.shape == (32, 3)  # each patch is dropped from all 32 images with chance 2^-32:
@@ -399,7 +431,7 @@ def test_patch_dropout_keeps_a_random_subset_of_patches_in_training_only():
     weights = attention_weights(full, x)
     assert weights.shape == (2, 4, 2, 17, 17) and full.training
     with pytest.raises(ValueError, match="patch_dropout"):
-        build_vit("micro", patch_dropout=1.0, **kwargs)
+        ViT(preset="micro", patch_dropout=1.0, **kwargs)
 
 
 @pytest.mark.parametrize("class_token", [True, False])
@@ -431,8 +463,8 @@ def test_relative_position_bias_fused_and_explicit_agree(class_token):
     output, and one gradient for the tables."""
     torch.manual_seed(0)
     kwargs = dict(num_classes=3, image_size=16, patch_size=4, rel_pos_bias=True, class_token=class_token)
-    fused = build_vit("micro", pool="cls" if class_token else "mean", **kwargs)
-    explicit = build_vit("micro", pool="cls" if class_token else "mean", fused_attn=False, **kwargs)
+    fused = ViT(preset="micro", pool="cls" if class_token else "mean", **kwargs)
+    explicit = ViT(preset="micro", pool="cls" if class_token else "mean", fused_attn=False, **kwargs)
     with torch.no_grad():
         for rel in fused.rel_pos:
             rel.relative_position_bias_table.normal_()
@@ -455,10 +487,10 @@ def test_relative_position_bias_fused_and_explicit_agree(class_token):
 def test_relative_position_bias_refuses_what_it_cannot_index():
     kwargs = dict(num_classes=2, image_size=16, patch_size=4, rel_pos_bias=True)
     with pytest.raises(ValueError, match="registers"):
-        build_vit("micro", num_registers=1, **kwargs)
+        ViT(preset="micro", num_registers=1, **kwargs)
     with pytest.raises(ValueError, match="patch_dropout"):
-        build_vit("micro", patch_dropout=0.5, **kwargs)
-    model = build_vit("micro", **kwargs)
+        ViT(preset="micro", patch_dropout=0.5, **kwargs)
+    model = ViT(preset="micro", **kwargs)
     assert model.no_weight_decay() >= {f"rel_pos.{i}.relative_position_bias_table" for i in range(2)}
     assert model.layer_of("rel_pos.1.relative_position_bias_table") == 2  # block 1's
     with pytest.raises(ValueError, match="keeps its image size"):
@@ -467,17 +499,17 @@ def test_relative_position_bias_refuses_what_it_cannot_index():
 
 def test_attention_window_needs_mean_pooling():
     with pytest.raises(ValueError, match="pool='mean'"):
-        build_vit("micro", num_classes=2, image_size=16, patch_size=4, attn_window=1)
+        ViT(preset="micro", num_classes=2, image_size=16, patch_size=4, attn_window=1)
 
 
 def test_bf16_on_cpu_takes_the_explicit_path_and_matches_sdpa(monkeypatch):
     """In bf16 on CPU, a fused Attention runs the explicit path (faster there, in training and in
     inference); it must still give SDPA's answer, forward and backward."""
     torch.manual_seed(0)
-    attn = Attention(dim=32, heads=4)
+    attn = make_attention(32, 4)
     x = torch.randn(3, 10, 32, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours, _ = attn(x)
+        ours = attn(x)
         q, k, v = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=4)
         sdpa = attn.proj(rearrange(F.scaled_dot_product_attention(q, k, v), "b h n d -> b n (h d)"))
     torch.testing.assert_close(ours, sdpa, atol=3e-2, rtol=3e-2)
@@ -486,7 +518,7 @@ def test_bf16_on_cpu_takes_the_explicit_path_and_matches_sdpa(monkeypatch):
     torch.testing.assert_close(grad_ours, grad_sdpa, atol=3e-2, rtol=3e-2)
     monkeypatch.setattr(F, "scaled_dot_product_attention", None)  # calling it would fail
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):  # inference too
-        torch.testing.assert_close(attn(x)[0], sdpa.detach(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(attn(x), sdpa.detach(), atol=3e-2, rtol=3e-2)
 
 
 def test_bf16_attention_weights_are_the_fp32_softmax_rounded_once():
@@ -494,10 +526,10 @@ def test_bf16_attention_weights_are_the_fp32_softmax_rounded_once():
     round once: the same weights as the fp32 softmax rounded to bf16, bar the last bit of a few
     (867 of 107 million entries measured), and rows that sum to 1 as closely."""
     torch.manual_seed(0)
-    attn = Attention(dim=192, heads=3)
+    attn = make_attention(192, 3)
     x = torch.randn(8, 65, 192) * 3  # sharp and flat rows
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        _, weights = attn(x, return_weights=True)
+        _, weights = explicit_attention(attn, x)
         q, k, _ = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=3)
         scores = (q @ k.transpose(-2, -1)) * attn.scale
     assert weights.dtype == scores.dtype == torch.bfloat16

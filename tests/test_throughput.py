@@ -74,12 +74,12 @@ def test_every_builder_is_named():
 def test_ours_with_stem_follows_the_cifar10_cpu_config():
     """`ours+stem` times the stem and token grid configs/cifar10_cpu.yaml trains with, whatever
     they become (it once hard-coded a stem the config had left)."""
-    config = yaml.safe_load(CPU_CONFIG.read_text())["model"]
+    config = yaml.safe_load(CPU_CONFIG.read_text())["model"]["vit"]
     model = BUILDERS["ours+stem"](dict(TINY, image_size=32))
-    assert model.config["conv_stem"] == config["conv_stem"]
+    assert model.config.conv_stem == config["conv_stem"]
     assert model.patch_size == config["patch_size"]
     assert model.grid_size == (32 // config["patch_size"],) * 2
-    assert model.config["dim"] == TINY["dim"]  # the rest is the benchmark's
+    assert model.config.dim == TINY["dim"]  # the rest is the benchmark's
 
 
 def test_compile_compiles_every_system_and_counts_the_eager_flops():

@@ -13,7 +13,7 @@ from helpers import tiny_args
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.callbacks import timer as timer_module
 
-from vit import TwoCircles, ViTClassifier
+from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.commands import train as cli
 
 LR, FLOOR = 1e-3, 0.01
@@ -49,9 +49,8 @@ def clock(monkeypatch) -> list[float]:
 def fit(clock, tmp_path, callbacks=(), ckpt_path=None, max_time=40, **options):
     # 256 images in batches of 32: 8 steps an epoch; 64 validation images: 2 batches, 3 s
     data = TwoCircles(num_train=256, num_val=64, num_test=64, batch_size=32)
-    model = ViTClassifier(
-        preset="micro", in_channels=1, num_classes=4, patch_size=8, lr=LR, min_lr_fraction=FLOOR, **options
-    )
+    vit = ViTConfig(preset="micro", patch_size=8, patch_dropout=options.pop("patch_dropout", 0.0))
+    model = ViTClassifier(in_channels=1, num_classes=4, vit=vit, lr=LR, min_lr_fraction=FLOOR, **options)
     timed = Clock(clock)
     trainer = L.Trainer(
         max_epochs=-1, max_time={"seconds": max_time}, callbacks=[timed, *callbacks], logger=False,

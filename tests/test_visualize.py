@@ -172,12 +172,10 @@ def test_a_failure_while_saving_removes_what_was_written(trained_checkpoint, tmp
 def test_a_non_square_model_without_a_data_module(tmp_path, small_data, capsys):
     """The grid comes from the model: 16x24 images in 4-pixel patches make a 4x6 grid. With
     shifted patches (15 input channels to the patch projection) the images are still RGB."""
-    from vit import ViTClassifier
+    from vit import ViTClassifier, ViTConfig
 
-    model = ViTClassifier(
-        num_classes=3, image_size=(16, 24), in_channels=3, preset="micro", patch_size=4,
-        shifted_patches=small_data, locality_attention=small_data,
-    )  # fmt: skip
+    vit = ViTConfig(preset="micro", patch_size=4, shifted_patches=small_data, locality_attention=small_data)
+    model = ViTClassifier(num_classes=3, image_size=(16, 24), in_channels=3, vit=vit)
     ckpt = tmp_path / "wide.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
     picture = tmp_path / "wide.png"
@@ -215,11 +213,13 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
     """Rollouts of a `pool: mean` model follow its patch tokens, and say so; `--method cls` notes
     that the class token does not feed its head. With `attn_window` the class token attends only
     to itself, so a class-token rollout would be blank there; the pooled one is not."""
-    from vit import ViTClassifier
+    from vit import ViTClassifier, ViTConfig
     from vit.commands import attention as command
 
     options = dict(pool="mean", attn_window=1) if pool == "mean" else {}
-    model = ViTClassifier(num_classes=3, image_size=16, in_channels=3, preset="micro", **options)
+    model = ViTClassifier(
+        num_classes=3, image_size=16, in_channels=3, vit=ViTConfig(preset="micro", **options)
+    )
     ckpt = tmp_path / "model.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, ckpt)
     picture = tmp_path / "a.png"
@@ -310,9 +310,9 @@ def test_figure_7_of_a_conv_stem_model_leaves_out_the_pixel_filters(capsys):
     """A conv stem stands between the pixels and the patch projection: the attention distances
     and position similarities are drawn, the embedding filters are not, and the command says so."""
     from vit.commands.attention import figure_7
-    from vit.model import build_vit
+    from vit.model import ViT
 
-    model = build_vit("micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8,)).eval()
+    model = ViT(preset="micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8,)).eval()
     figures = figure_7(model, torch.rand(3, 3, 16, 16), batch_size=2)
     assert sorted(figures) == ["mean_attention_distance.png", "pos_embed_similarity.png"]
     assert "no embedding_filters.png: the model's conv_stem lies" in capsys.readouterr().out

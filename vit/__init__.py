@@ -1,8 +1,9 @@
 """vit: a Vision Transformer written from scratch, trained with Lightning."""
 
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
+from vit.config import PRESETS, ViTConfig
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
-from vit.model import PRESETS, ViT, build_vit
+from vit.model import ViT
 from vit.preparation import Preparation
 from vit.pretrained import load_pretrained
 from vit.two_circles import TwoCircles
@@ -18,6 +19,6 @@ __all__ = [
     "TwoCircles",
     "ViT",
     "ViTClassifier",
-    "build_vit",
+    "ViTConfig",
     "load_pretrained",
 ]

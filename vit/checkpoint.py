@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from vit import compat
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.errors import UsageError, one_line
@@ -36,13 +37,13 @@ MODELS: dict[str, type[Classifier]] = {
 }
 
 # Data modules a checkpoint may name, by the class path LightningCLI records: the package's name
-# for them, their module's, and the old modules' (vit.data, vit.images) that older checkpoints carry.
+# for them or their module's (vit.compat renames those of older versions).
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
-    **{f"{module}.TwoCircles": TwoCircles for module in ("vit", "vit.two_circles", "vit.data")},
+    **{f"{module}.TwoCircles": TwoCircles for module in ("vit", "vit.two_circles")},
     **{
         f"{module}.{cls.__name__}": cls
         for cls in (CIFAR10, ImageFolders, FashionMNIST)
-        for module in ("vit", "vit.datamodules", "vit.images")
+        for module in ("vit", "vit.datamodules")
     },
 }
 
@@ -77,7 +78,8 @@ def _options(cls: type) -> list[str]:
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """The contents of a checkpoint written by vit-train, read without unpickling code. A missing
+    """The contents of a checkpoint written by vit-train (of any version: `vit.compat` upgrades
+    older ones to today's format), read without unpickling code. A missing
     file is a FileNotFoundError; a file that would run code, a truncated or corrupt one, or one
     that is no vit-train checkpoint a ValueError: each a line that names the file."""
     path = Path(path)
@@ -95,7 +97,7 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise ValueError(f"{path} is not a checkpoint written by vit-train")
-    return ckpt
+    return compat.checkpoint(ckpt)
 
 
 def build_model(ckpt: dict, path: str | Path) -> Classifier:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Literal
 
 import lightning as L
@@ -13,9 +14,11 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
+from vit import compat
 from vit.cnn import BagCNN, ResNet
+from vit.config import ViTConfig
 from vit.errors import UsageError, require
-from vit.model import PRESETS, ViT, build_vit
+from vit.model import ViT
 from vit.pretrained import for_finetuning
 
 
@@ -64,18 +67,6 @@ def warmup_cosine(progress: float, warmup: float, min_lr_fraction: float, start:
 
 def training_timer(trainer: L.Trainer) -> Timer | None:
     return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-
-
-def lambda_lr_state(state: dict) -> dict:
-    """A scheduler state for `LambdaLR(warmup_cosine)`: as it is, or converted from the
-    SequentialLR that vit-train used before (its step count and last rates carry over)."""
-    if "lr_lambdas" in state or "_schedulers" not in state:
-        return state
-    return {
-        "last_epoch": state["last_epoch"],
-        "_last_lr": state["_last_lr"],
-        "lr_lambdas": [None] * len(state["_last_lr"]),
-    }
 
 
 class Classifier(L.LightningModule):
@@ -202,13 +193,11 @@ class Classifier(L.LightningModule):
         if preparation is not None:
             checkpoint["preparation"] = preparation.to_dict()
         checkpoint["time_reserve_seconds"] = dict(self._seconds)
+        checkpoint[compat.CHECKPOINT_KEY] = compat.FORMAT_VERSION
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # runs saved before the schedule was one LambdaLR (a SequentialLR of LinearLR and
-        # CosineAnnealingLR, the same rates) resume at their step
-        checkpoint["lr_schedulers"] = [
-            lambda_lr_state(state) for state in checkpoint.get("lr_schedulers", [])
-        ]
+        # before Lightning loads the weights: checkpoints of older versions read as today's
+        compat.checkpoint(checkpoint)
         self._seconds.update(checkpoint.get("time_reserve_seconds", {}))
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -242,20 +231,18 @@ class Classifier(L.LightningModule):
 
 
 class ViTClassifier(Classifier):
-    """Train, validate and test a ViT image classifier.
-
-    `num_classes`, `image_size` and `in_channels` come from the data module through the CLI.
-    `preset` names a size in `vit.model.PRESETS`; `dim`, `depth`, `heads` and `mlp_ratio`
-    override it when given. `attn_window` restricts attention to patches at most that many
-    patches away (a local-attention control; it needs `pool: mean`).
+    """Train, validate and test a ViT image classifier: the architecture is `vit` (a `ViTConfig`;
+    the YAML's `model: {vit: {preset: mini, patch_size: 8}, lr: 0.003}`, the CLI's
+    `--model.vit.depth 4`), the training settings are `Classifier`'s. `num_classes`,
+    `image_size` and `in_channels` come from the data module through the CLI and go into `vit`.
 
     Fine-tuning: `pretrained` names a model to start from (`timm:NAME`, `hf:ID_OR_FOLDER` or a
     vit-export folder; `weights` its file, as `vit.load_pretrained` takes them). Its architecture
-    replaces every architecture option here; the head is replaced when the data's class count
-    differs, the positions resampled to the data's image size; `dropout`, `drop_path`,
-    `patch_dropout` and `fused_attn` still apply. The architecture is then recorded as
-    `architecture` (the ViT's constructor arguments), so a checkpoint rebuilds the model from
-    itself and never fetches the source again.
+    replaces `vit`, except `vit`'s training options (dropout, drop_path, patch_dropout,
+    fused_attn); the head is replaced when the data's class count differs, the positions
+    resampled to the data's image size. The architecture is then recorded as `architecture` (a
+    `ViTConfig` dict), so a checkpoint rebuilds the model from itself and never fetches the
+    source again.
     """
 
     def __init__(
@@ -263,96 +250,37 @@ class ViTClassifier(Classifier):
         num_classes: int = 10,
         image_size: int | tuple[int, int] = 32,
         in_channels: int = 3,
-        preset: str = "cifar",
-        patch_size: int = 4,
-        dim: int | None = None,
-        depth: int | None = None,
-        heads: int | None = None,
-        mlp_ratio: float | None = None,
-        pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned",
-        pool: Literal["cls", "mean"] = "cls",
-        attn_window: int | None = None,
-        rel_pos_bias: bool = False,  # a learned attention bias per head and patch offset (BEiT, Swin)
-        dropout: float = 0.0,
-        drop_path: float = 0.0,
-        patch_dropout: float = 0.0,  # share of patch tokens dropped at random in training
-        # PatchDropout's share at the end of training, linear from patch_dropout over the schedule
-        # (steps or time budget); None: patch_dropout throughout
+        vit: ViTConfig = ViTConfig(),  # noqa: B008 (never changed: resolve() makes a copy)
+        # PatchDropout's share at the end of training, linear from vit.patch_dropout over the
+        # schedule (steps or time budget); None: vit.patch_dropout throughout
         patch_dropout_end: float | None = None,
-        fused_attn: bool = True,
-        patch_norm: bool = False,
-        shifted_patches: bool = False,  # patches also see half a patch around them (SPT)
-        conv_stem: list[int] | None = None,  # 3x3 stride-2 convolutions' channels before patchify
-        conv_stem_strides: list[int] | None = None,  # their strides (1 or 2) when not all 2
-        locality_attention: bool = False,  # learned temperature, no attention to oneself (LSA)
-        init: Literal["timm", "torch"] = "torch",
-        # the token layout and norms of the ViTs people study (vit.model.ViT explains them)
-        class_token: bool = True,
-        num_registers: int = 0,
-        no_embed_class: bool = False,
-        fc_norm: bool = False,
-        pre_norm: bool = False,
-        layer_scale: float | None = None,
-        qkv_bias: bool = True,
-        norm_eps: float = 1e-5,
         pretrained: str | None = None,  # fine-tune this model (timm:NAME, hf:ID, a vit-export folder)
         weights: str | None = None,  # the pretrained model's weights file: nothing downloaded
-        architecture: dict | None = None,  # recorded by fine-tuning: ViT(**architecture)
+        architecture: dict | None = None,  # recorded by fine-tuning: a ViTConfig's fields
         **kwargs,
     ):
-        if preset not in PRESETS:
-            raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         if weights is not None and pretrained is None:
             raise UsageError("weights goes with pretrained (the model to fine-tune)")
         if patch_dropout_end is not None and not 0 <= patch_dropout_end < 1:
             raise UsageError(f"patch_dropout_end={patch_dropout_end} must lie in [0, 1)")
-        super().__init__(num_classes, **kwargs)
-        training = dict(dropout=dropout, drop_path=drop_path, patch_dropout=patch_dropout)
-        training["fused_attn"] = fused_attn
-        if architecture is not None:  # a fine-tuned checkpoint: its weights come with it
-            self.model = ViT(**architecture)
-            return
-        if pretrained is not None:
-            self.model = for_finetuning(pretrained, weights, num_classes, image_size, in_channels, **training)
-            self.hparams["architecture"] = self.model.config
-            return
-        self.model = build_vit(
-            preset,
-            num_classes=num_classes,
-            image_size=image_size,
-            patch_size=patch_size,
-            in_channels=in_channels,
-            dim=dim,
-            depth=depth,
-            heads=heads,
-            mlp_ratio=mlp_ratio,
-            pos_embed=pos_embed,
-            pool=pool,
-            attn_window=attn_window,
-            rel_pos_bias=rel_pos_bias,
-            dropout=dropout,
-            drop_path=drop_path,
-            patch_dropout=patch_dropout,
-            fused_attn=fused_attn,
-            patch_norm=patch_norm,
-            shifted_patches=shifted_patches,
-            conv_stem=conv_stem,
-            conv_stem_strides=conv_stem_strides,
-            locality_attention=locality_attention,
-            init=init,
-            class_token=class_token,
-            num_registers=num_registers,
-            no_embed_class=no_embed_class,
-            fc_norm=fc_norm,
-            pre_norm=pre_norm,
-            layer_scale=layer_scale,
-            qkv_bias=qkv_bias,
-            norm_eps=norm_eps,
-        )
+        config = ViTConfig.from_dict(vit) if isinstance(vit, dict) else vit
+        data = dict(num_classes=num_classes, image_size=image_size, in_channels=in_channels)
+        config = replace(config, **data).resolve()
+        training = {k: getattr(config, k) for k in ("dropout", "drop_path", "patch_dropout", "fused_attn")}
+        model = None
+        if pretrained is not None and architecture is None:
+            model = for_finetuning(pretrained, weights, num_classes, image_size, in_channels, **training)
+            architecture = model.config.to_dict()  # recorded: the source is never read again
+        super().__init__(num_classes, **kwargs)  # saves the arguments
+        # as plain values (checkpoints load weights_only), resolved: the model they rebuild
+        self.hparams.update(vit=config.to_dict(), architecture=architecture)
+        if model is None:  # a fine-tuned checkpoint's weights come with it
+            model = ViT(config if architecture is None else ViTConfig.from_dict(architecture))
+        self.model = model
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
-        start, end = self.hparams.patch_dropout, self.hparams.patch_dropout_end
+        start, end = self.model.config.patch_dropout, self.hparams.patch_dropout_end
         if end is not None:
             total = max(self.trainer.estimated_stepping_batches, 1)
             progress = min(self.training_progress(self.global_step, total), 1.0)

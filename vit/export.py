@@ -2,10 +2,11 @@
 
     vit-export --ckpt runs/demo/train/checkpoints/best.ckpt --out exported/demo
 
-`config.json` holds the model's constructor arguments (mean/std included), the `Preparation`
-(size, mode, resize, class names) and a format tag; `model.safetensors` the weights (Hugging
-Face's `save_pretrained` layout). `vit.load_pretrained(folder)` reads it back. Neither file can
-run code when read: safe by construction.
+`config.json` holds the model's `ViTConfig` (mean/std included), the `Preparation` (size, mode,
+resize, class names), a format tag and its version (`vit.compat` reads older folders);
+`model.safetensors` the weights (Hugging Face's `save_pretrained` layout).
+`vit.load_pretrained(folder)` reads it back. Neither file can run code when read: safe by
+construction.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vit import compat
+from vit.config import ViTConfig
 from vit.errors import one_line
 from vit.model import ViT
 from vit.preparation import Preparation
@@ -27,7 +30,12 @@ def save_folder(model: ViT, preparation: Preparation, folder: str | Path) -> lis
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"format": FORMAT, "model": model.config, "preparation": preparation.to_dict()}
+    config = {
+        "format": FORMAT,
+        "format_version": compat.FORMAT_VERSION,
+        "model": model.config.to_dict(),
+        "preparation": preparation.to_dict(),
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"))
@@ -69,13 +77,16 @@ def read_folder(folder: str | Path) -> tuple[ViT, Preparation]:
     if not is_exported(folder):
         raise ValueError(f"{folder} holds no config.json written by vit-export")
     config = json.loads((folder / "config.json").read_text())
+    old = config.get("format_version", 1) < compat.FORMAT_VERSION
+    config = compat.export_config(config)
     try:
-        model = ViT(**config["model"])
+        model = ViT(ViTConfig.from_dict(config["model"]))
         preparation = Preparation.from_dict(config["preparation"])
     except (TypeError, KeyError) as e:
         raise ValueError(f"{folder}/config.json does not describe a vit.ViT ({one_line(e)})") from e
     try:
-        model.load_state_dict(load_file(folder / "model.safetensors"))
+        state = load_file(folder / "model.safetensors")
+        model.load_state_dict(compat.state_dict(state) if old else state)
     except Exception as e:  # missing file, not safetensors, weights of another shape
         raise ValueError(
             f"{folder}/model.safetensors does not fit its config.json ({one_line(e)[:300]})"

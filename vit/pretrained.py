@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from einops import rearrange
 from torch import nn
 
+from vit.config import pair
 from vit.errors import UsageError, one_line
 from vit.export import is_exported, read_folder
-from vit.model import ViT, pair
+from vit.model import ViT
 from vit.preparation import Preparation
 
 SOURCES = ("timm", "hf")
@@ -156,17 +158,12 @@ def _from_timm(model: nn.Module, name: str) -> ViT:
         layer_scale=1.0 if layer_scale else None,  # the values come with the weights
         qkv_bias=block.attn.qkv.bias is not None,
     )
+    # ours <- timm's: the same names; the patch projection a convolution there
     source = model.state_dict()
-    # ours -> timm's
-    state = {"to_patch_embedding.1.weight": patch_projection(source.pop("patch_embed.proj.weight"))}
-    renames = {"to_patch_embedding.1.bias": "patch_embed.proj.bias"}
-    for i in range(len(model.blocks)):
-        for mine, theirs in (("mlp.0", "mlp.fc1"), ("mlp.3", "mlp.fc2")):
-            for kind in ("weight", "bias"):
-                renames[f"blocks.{i}.{mine}.{kind}"] = f"blocks.{i}.{theirs}.{kind}"
+    state = {"patch_embed.proj.weight": patch_projection(source.pop("patch_embed.proj.weight"))}
     for key in ours.state_dict():
         if key not in state:
-            state[key] = source.pop(renames.get(key, key))
+            state[key] = source.pop(key)
     ours.load_state_dict(state)
     return ours.eval()
 
@@ -184,11 +181,11 @@ def _timm_preparation(model: nn.Module, ours: ViT) -> Preparation:
     class-info data) when the head is ImageNet's, else numbered."""
     from timm.data import ImageNetInfo, infer_imagenet_subset
 
-    classes, ids = [str(i) for i in range(ours.config["num_classes"])], []
-    subset = infer_imagenet_subset(model) if ours.config["num_classes"] else None
+    classes, ids = [str(i) for i in range(ours.config.num_classes)], []
+    subset = infer_imagenet_subset(model) if ours.config.num_classes else None
     if subset:
         info = ImageNetInfo(subset)
-        if info.num_classes() == ours.config["num_classes"]:
+        if info.num_classes() == ours.config.num_classes:
             ids = info.label_names()
             classes = short_names(info.label_descriptions(), ids)
     squash = model.pretrained_cfg.get("crop_mode") == "squash"
@@ -279,8 +276,8 @@ def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
     state = {
         "cls_token": embeddings.cls_token,
         "pos_embed": embeddings.position_embeddings,
-        "to_patch_embedding.1.weight": patch_projection(proj.weight),
-        "to_patch_embedding.1.bias": proj.bias,
+        "patch_embed.proj.weight": patch_projection(proj.weight),
+        "patch_embed.proj.bias": proj.bias,
     }
 
     def take(prefix: str, module: nn.Module) -> None:
@@ -297,8 +294,8 @@ def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
         take(f"blocks.{i}.attn.proj", attention.o_proj)
         take(f"blocks.{i}.norm1", _first(layer, "layernorm_before", "norm1"))
         take(f"blocks.{i}.norm2", _first(layer, "layernorm_after", "norm2"))
-        take(f"blocks.{i}.mlp.0", layer.mlp.fc1)
-        take(f"blocks.{i}.mlp.3", layer.mlp.fc2)
+        take(f"blocks.{i}.mlp.fc1", layer.mlp.fc1)
+        take(f"blocks.{i}.mlp.fc2", layer.mlp.fc2)
         if layer_scale:
             state[f"blocks.{i}.ls1.gamma"] = layer.layer_scale1.lambda1
             state[f"blocks.{i}.ls2.gamma"] = layer.layer_scale2.lambda1
@@ -307,7 +304,7 @@ def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
         take("head", head)
     ours.load_state_dict({k: v.detach().clone() for k, v in state.items()})
     labels = getattr(config, "id2label", None) or {}
-    classes = [labels.get(i, str(i)) for i in range(ours.config["num_classes"])]
+    classes = [labels.get(i, str(i)) for i in range(ours.config.num_classes)]
     crop = getattr(processor, "do_center_crop", False)
     preparation = Preparation(
         channels=ours.in_channels, size=ours.image_size, resize="center_crop" if crop else "stretch",
@@ -360,13 +357,13 @@ def for_finetuning(
     what it computes in eval mode) set. The image channels must be the source's."""
     source_model = load_pretrained(source, weights)
     config = source_model.config
-    if config["in_channels"] != in_channels:
+    if config.in_channels != in_channels:
         raise UsageError(
-            f"{source} takes {config['in_channels']}-channel images and the data has {in_channels} channels"
+            f"{source} takes {config.in_channels}-channel images and the data has {in_channels} channels"
         )
-    model = ViT(**{**config, **training})
+    model = ViT(replace(config, **training))
     model.load_state_dict(source_model.state_dict())
-    if num_classes != config["num_classes"]:
+    if num_classes != config.num_classes:
         model.reset_classifier(num_classes)
     if tuple(pair(image_size)) != tuple(model.image_size):
         model.set_image_size(image_size)

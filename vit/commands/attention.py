@@ -5,7 +5,7 @@
     vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
     vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
 
-The maps come from `vit.attention.explain`; this command loads, draws and saves. Image files need
+The maps come from `vit.attention_maps.explain`; this command loads, draws and saves. Image files need
 only the checkpoint (its `Preparation`: no data module is built) or a model of another library
 (`--model`, `vit.pretrained`); test images come from the checkpoint's data module. Every check
 of the arguments runs before anything is computed or written; a bad one stops the command with
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from vit.attention import (
+from vit.attention_maps import (
     HEAD_FUSIONS,
-    check_explain_options,
+    METHODS,
     embedding_filter_components,
     explain,
     iter_attention,
@@ -56,6 +56,29 @@ def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, 
     indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
     images, labels = split[indices]
     return images, labels, indices
+
+
+def check_options(
+    method: str,
+    layer: int | None = None,
+    head: int | None = None,
+    query_patch: tuple[int, int] | None = None,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+) -> None:
+    """The options of `explain`, checked before any model is loaded, in the words of the flags."""
+    if method not in METHODS:
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if (method == "query") != (query_patch is not None):
+        raise UsageError("--method query needs --query-patch ROW,COLUMN, and only it takes one")
+    if head is not None and method not in ("cls", "query"):
+        raise UsageError(f"--head does not apply to --method {method}: rollout combines all heads")
+    if layer is not None and method == "grad-rollout":
+        raise UsageError("--layer does not apply to --method grad-rollout: it uses every layer")
+    if head_fusion not in HEAD_FUSIONS:
+        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise UsageError(f"discard_ratio={discard_ratio} must lie in [0, 1)")
 
 
 def file_tag(stem: str) -> str:
@@ -90,13 +113,13 @@ def attention(
     `<method>_NNN_<image>.png` per image (NNN its position, <image> `test<index>` or the file's
     name) with a row per layer and a column per head. `plots` adds the ViT paper's Figure 7:
     mean_attention_distance.png, pos_embed_similarity.png and embedding_filters.png. The
-    options are those of `vit.attention.explain`, and `vit-attention --help` explains them.
+    options are those of `vit.attention_maps.explain`, and `vit-attention --help` explains them.
     """
     started = time.perf_counter()
     check_source(ckpt, model, weights)
     if model is not None and not images:
         raise UsageError("--model has no test set: give image files with --images")
-    check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    check_options(method, layer, head, query_patch, head_fusion, discard_ratio)
     check_out_folder(out)
     if num_images < 1 or batch_size < 1:
         raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
@@ -179,7 +202,7 @@ def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
         figures["pos_embed_similarity.png"] = pos_embed_similarity_figure(pos_embed_similarity(model))
     else:
         print("no pos_embed_similarity.png: the model has no position embeddings")
-    if model.config.get("conv_stem"):
+    if model.config.conv_stem:
         print("no embedding_filters.png: the model's conv_stem lies between pixels and patch projection")
     else:
         figures["embedding_filters.png"] = embedding_filters_figure(*embedding_filter_components(model))

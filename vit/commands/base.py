@@ -17,6 +17,7 @@ from typing import NoReturn
 from jsonargparse import ArgumentParser
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from vit.compat import old_option_hint
 from vit.errors import UsageError, one_line
 
 USAGE, FAILURE = 2, 1  # exit statuses
@@ -49,6 +50,8 @@ class OneLineErrors:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
+        if (hint := old_option_hint(message)) is not None:  # a config of an older version
+            fail(f"{short_message(message)}: {hint}", USAGE)
         fail(f"{short_message(message)} (options: {prog} --help)", USAGE)
 
 

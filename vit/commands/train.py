@@ -133,6 +133,23 @@ class ViTCLI(LightningCLI):
                 read_checkpoint(ckpt_path)
                 self._checked_ckpt_path = ckpt_path
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's, which applies a --ckpt_path's hyper-parameters to the config, with the
+        checkpoint read as `read_checkpoint` reads it: safely, and upgraded from older versions
+        (vit.compat), whose flat ViT options the parser would refuse."""
+        if not self.config.get("subcommand"):
+            return
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters", {}))
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from vit.errors import UsageError
-from vit.model import ShiftedPatches, ViT
+from vit.model import ViT
 
 # How `attention_rollout` fuses the heads of one layer.
 HEAD_FUSIONS = {
@@ -58,39 +58,31 @@ def select_heads(model: ViT, heads: int | Sequence[int] | None) -> list[int]:
 
 
 @contextmanager
-def _capture(model: ViT, layers: list[int], keep: Callable[[torch.Tensor], torch.Tensor]):
-    """Within the `with` block, each chosen layer's attention module takes its explicit path and
-    appends `keep(weights)` of its weights (batch, heads, tokens, tokens) to the yielded dict's
-    list for that layer.
+def record_attention(model: ViT, layers: list[int], keep: Callable[[torch.Tensor], torch.Tensor]):
+    """Within the `with` block, each chosen layer's attention takes its explicit path and its
+    weights (batch, heads, tokens, tokens), as its `attend` step computes them, are recorded:
+    `keep(weights)` is appended to the yielded dict's list for that layer (vit-pytorch's recorder).
 
-    The model runs in eval mode (dropout off, every patch kept) and the hooks live for the `with`
-    block only: no switch of the model is left flipped.
+    The model runs in eval mode (dropout off, every patch kept); the hooks and the explicit path
+    last for the `with` block only: no switch of the model is left flipped.
     """
     captured: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
-    handles = []
-
-    def ask_for_weights(module, args, kwargs):
-        return args, {**kwargs, "return_weights": True}
+    attns = [model.blocks[i].attn for i in layers]
+    fused, was_training = [attn.fused for attn in attns], model.training
 
     def store(i):
-        def hook(module, args, output):
-            weights = output[1]
-            if weights is None:
-                raise RuntimeError(f"block {i} returned no attention weights")
-            captured[i].append(keep(weights))
+        return lambda module, args, weights: captured[i].append(keep(weights))
 
-        return hook
-
-    was_training = model.training
+    handles = [attn.attend.register_forward_hook(store(i)) for i, attn in zip(layers, attns, strict=True)]
     try:
         model.eval()
-        for i in layers:
-            attn = model.blocks[i].attn
-            handles.append(attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
-            handles.append(attn.register_forward_hook(store(i)))
+        for attn in attns:
+            attn.fused = False
         yield captured
     finally:
         model.train(was_training)
+        for attn, flag in zip(attns, fused, strict=True):
+            attn.fused = flag
         for handle in handles:
             handle.remove()
 
@@ -106,7 +98,7 @@ def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):
     layers, heads = select_layers(model, layers), select_heads(model, heads)
     device = _device(model)
     for chunk in images.split(batch_size):
-        with torch.no_grad(), _capture(model, layers, lambda w: w[:, heads].float()) as captured:
+        with torch.no_grad(), record_attention(model, layers, lambda w: w[:, heads].float()) as captured:
             logits = model(chunk.to(device))
         yield torch.stack([captured[i][0] for i in layers]), logits
 
@@ -249,7 +241,7 @@ def gradient_rollout(
     results = []
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size].to(device)
-        with torch.enable_grad(), _capture(model, layers, keep=lambda w: w) as captured:
+        with torch.enable_grad(), record_attention(model, layers, keep=lambda w: w) as captured:
             logits = model(chunk)
             if targets is None:
                 chosen = logits.argmax(-1)
@@ -309,12 +301,12 @@ def embedding_filters(model: ViT) -> torch.Tensor:
     and half a patch around it (window p + 2 shift), each shifted copy's weights added at the
     pixels they read. A token is its filters applied to that window (zeros outside the image),
     plus the bias, when there is no patch norm."""
-    if model.config.get("conv_stem"):
+    if model.config.conv_stem:
         raise UsageError("a model with a conv_stem has no patch filters over pixels to show")
     p, c = model.patch_size, model.in_channels
     weight = model.patch_proj.weight.detach().float()  # (dim, p*p*copies*c), laid out (p1 p2 copies c)
     copies = rearrange(weight, "d (p1 p2 copies c) -> copies d c p1 p2", p1=p, p2=p, c=c)
-    shifted = next((m for m in model.to_patch_embedding if isinstance(m, ShiftedPatches)), None)
+    shifted = model.patch_embed.shift
     if shifted is None:
         return copies[0]
     m = shifted.shift  # copy[y, x] = image[y - dy, x - dx]: its weight at (y, x) reads pixel
@@ -389,29 +381,6 @@ class Explanation:
     note: str | None = None  # something the user should know about these maps
 
 
-def check_explain_options(
-    method: str,
-    layer: int | None = None,
-    head: int | None = None,
-    query_patch: tuple[int, int] | None = None,
-    head_fusion: str = "mean",
-    discard_ratio: float = 0.0,
-) -> None:
-    """The checks of `explain`'s options that need no model."""
-    if method not in METHODS:
-        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if (method == "query") != (query_patch is not None):
-        raise UsageError("--method query needs --query-patch ROW,COLUMN, and only it takes one")
-    if head is not None and method not in ("cls", "query"):
-        raise UsageError(f"--head does not apply to --method {method}: rollout combines all heads")
-    if layer is not None and method == "grad-rollout":
-        raise UsageError("--layer does not apply to --method grad-rollout: it uses every layer")
-    if head_fusion not in HEAD_FUSIONS:
-        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
-    if not 0.0 <= discard_ratio < 1.0:
-        raise UsageError(f"discard_ratio={discard_ratio} must lie in [0, 1)")
-
-
 def register_share(
     model: ViT, weights: torch.Tensor, layers: list[int], query_patch: tuple[int, int] | None
 ) -> str:
@@ -453,7 +422,12 @@ def explain(
     Rollouts follow the tokens the head reads (`pooled_maps`). Returns the maps with their titles
     and the logits of the same forward pass.
     """
-    check_explain_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    if method not in METHODS:
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if (method == "query") != (query_patch is not None):
+        raise UsageError("method 'query' needs a query_patch (row, column), and only it takes one")
+    if head_fusion not in HEAD_FUSIONS:
+        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
     if method == "cls" and model.cls_token is None:
         raise UsageError("this model has no class token: use --method rollout, grad-rollout or query")
     layers, heads = select_layers(model, layer), select_heads(model, head)

@@ -1,0 +1,161 @@
+"""`ViTConfig`: every option of the ViT, declared once (nanoGPT's `GPTConfig`).
+
+`ViT(config)` builds the model, `ViTClassifier(vit=config)` trains it (the YAML's `model.vit`,
+the CLI's `--model.vit.depth 4`), fine-tuning records it and `vit-export` writes it into
+`config.json`. `resolve()` fills the preset's sizes and checks every value, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Literal
+
+from vit.errors import UsageError, require
+
+# One dict of sizes. "micro" keeps unit tests fast, "mini" is the two-circles demo,
+# "cifar" is a width-192 depth-6 model for 32x32 images, the rest are the ViT paper's sizes.
+PRESETS: dict[str, dict] = {
+    "micro": dict(dim=32, depth=2, heads=2, mlp_ratio=2.0),
+    "mini": dict(dim=64, depth=4, heads=4, mlp_ratio=2.0),
+    "cifar": dict(dim=192, depth=6, heads=3, mlp_ratio=4.0),
+    "ti": dict(dim=192, depth=12, heads=3, mlp_ratio=4.0),
+    "s": dict(dim=384, depth=12, heads=6, mlp_ratio=4.0),
+    "b": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),
+}
+
+
+@dataclass
+class ViTConfig:
+    # the data: vit-train links these from the data module
+    num_classes: int = 10  # 0: no head, the pooled features are the output (DINO's models)
+    image_size: int | tuple[int, int] = 32
+    in_channels: int = 3
+    # the size: a preset, each of its values overridden when given
+    preset: str = "cifar"  # a key of PRESETS
+    patch_size: int = 4
+    dim: int | None = None
+    depth: int | None = None
+    heads: int | None = None
+    mlp_ratio: float | None = None
+    # positions and pooling
+    pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned"  # periodic: wraps around
+    pool: Literal["cls", "mean"] = "cls"  # what the head reads: the class token, or the patches' mean
+    # the token layout and norms of the ViTs people study (timm's names in brackets)
+    class_token: bool = True
+    num_registers: int = 0  # learned tokens that only take part in attention (Darcet et al. 2024)
+    distilled: bool = False  # DeiT's distillation token and its head; inference averages both
+    no_embed_class: bool = False  # position embeddings on the patches only [no_embed_class]
+    fc_norm: bool = False  # the final norm after pooling instead of before [fc_norm]
+    pre_norm: bool = False  # a norm before the blocks, a bias-free patch projection [pre_norm]
+    layer_scale: float | None = None  # LayerScale on both branches, from this value [init_values]
+    qkv_bias: bool = True
+    norm_eps: float = 1e-5  # LayerNorm's; timm's ViTs use 1e-6
+    # "timm": N(0, 0.02) weights, tokens and positions; "torch": PyTorch's default linear init and
+    # unit-scale tokens (vit-pytorch), which learns faster from scratch on small data here
+    init: Literal["timm", "torch"] = "torch"
+    # per-channel mean and std the model subtracts and divides by, for weights trained on
+    # normalised images (timm's, Hugging Face's); images still come in [0, 1]. None: none
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    # variants for small data and for controls (vit/layers.py)
+    attn_window: int | None = None  # patches attend only within this Chebyshev distance (a control)
+    rel_pos_bias: bool = False  # a learned bias per head and patch offset (RelativePositionBias)
+    locality_attention: bool = False  # learned temperature, no attention to oneself (LSA)
+    patch_norm: bool = False  # LayerNorm before and after the patch projection (vit-pytorch)
+    shifted_patches: bool = False  # Shifted Patch Tokenization: patches see their neighbours
+    # channels of 3x3 convolutions (BatchNorm, ReLU) before the patch embedding (ConvStem); the
+    # patch grid stays the patch size's: the patch embedding takes the rest of the stride
+    conv_stem: list[int] | None = None
+    conv_stem_strides: list[int] | None = None  # one per conv_stem entry, 1 or 2; default 2s
+    # training
+    dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic-depth rate of the last block, linear from 0
+    patch_dropout: float = 0.0  # share of patch tokens dropped at random in training
+    fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax
+
+    def to_dict(self) -> dict:
+        """JSON-ready values (lists for tuples): checkpoints' hparams and export's config.json."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> ViTConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - names)
+        require(not unknown, f"ViTConfig has no option {', '.join(unknown)}")
+        return cls(**values)
+
+    def resolve(self) -> ViTConfig:
+        """This config with the preset's sizes where none is given, every value checked."""
+        if self.preset not in PRESETS:
+            raise UsageError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        sizes = {k: v for k, v in PRESETS[self.preset].items() if getattr(self, k) is None}
+        c = replace(self, **sizes)
+        c.image_size = pair(c.image_size)
+        image_h, image_w = c.image_size
+        for name in ("dim", "depth", "heads", "patch_size"):
+            require(getattr(c, name) >= 1, f"{name}={getattr(c, name)} must be at least 1")
+        require(c.dim % c.heads == 0, f"dim={c.dim} is not divisible by heads={c.heads}")
+        for name in ("dropout", "drop_path", "patch_dropout"):
+            require(0 <= getattr(c, name) < 1, f"{name}={getattr(c, name)} must lie in [0, 1)")
+        if image_h % c.patch_size or image_w % c.patch_size:
+            raise UsageError(f"image size {image_h}x{image_w} is not divisible by patch size {c.patch_size}")
+        if c.init not in ("timm", "torch"):
+            raise UsageError(f"init must be 'timm' or 'torch', got {c.init!r}")
+        if c.pool not in ("cls", "mean"):
+            raise UsageError(f"pool must be 'cls' or 'mean', got {c.pool!r}")
+        if c.pos_embed not in ("learned", "sincos", "periodic", "none"):
+            raise UsageError(
+                f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {c.pos_embed!r}"
+            )
+        require(c.class_token or c.pool == "mean", "a model without a class token needs pool='mean'")
+        require(c.class_token or not c.distilled, "a distillation token goes with a class token")
+        require(c.num_registers >= 0, f"num_registers={c.num_registers} must be >= 0")
+        require(not (c.distilled and c.fc_norm), "distilled and fc_norm do not combine")
+        require(
+            c.num_classes >= 0 and (c.num_classes or not c.distilled),
+            f"num_classes={c.num_classes} must be >= 1",
+        )
+        require((c.mean is None) == (c.std is None), "mean and std go together")
+        if c.mean is not None:
+            require(
+                len(c.mean) == len(c.std) == c.in_channels, f"mean and std need {c.in_channels} values each"
+            )
+            require(all(s > 0 for s in c.std), f"std={c.std} must be positive")
+        if c.conv_stem_strides is not None:
+            require(
+                c.conv_stem is not None and len(c.conv_stem_strides) == len(c.conv_stem),
+                f"conv_stem_strides={list(c.conv_stem_strides)} needs one stride per conv_stem entry",
+            )
+            require(all(s in (1, 2) for s in c.conv_stem_strides), "conv_stem_strides must be 1s and 2s")
+        if c.conv_stem:
+            require(
+                all(n >= 1 for n in c.conv_stem), f"conv_stem={list(c.conv_stem)} needs positive channels"
+            )
+            stride = 1
+            for s in c.conv_stem_strides or [2] * len(c.conv_stem):
+                stride *= s
+            require(
+                c.patch_size % stride == 0,
+                f"patch_size={c.patch_size} is not divisible by the stem's {stride}",
+            )
+            require(not c.shifted_patches, "conv_stem and shifted_patches do not combine")
+        prefix_tokens = int(c.class_token) + int(c.distilled) + c.num_registers
+        if c.attn_window is not None:
+            # the class token would carry global information, so it is cut off: a local model
+            require(c.pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
+            require(c.attn_window >= 0, f"attn_window={c.attn_window} must be >= 0")
+            require(c.patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
+            require(not c.locality_attention, "attn_window and locality_attention do not combine")
+            require(prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
+        if c.rel_pos_bias:
+            require(c.attn_window is None, "rel_pos_bias and attn_window do not combine")
+            require(c.patch_dropout == 0, "rel_pos_bias needs every patch (patch_dropout 0)")
+            require(
+                prefix_tokens == int(c.class_token),
+                "rel_pos_bias takes a class token at most (no distillation token, no registers)",
+            )
+        return c
+
+
+def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))

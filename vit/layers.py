@@ -1,0 +1,168 @@
+"""The variants of the ViT in vit/model.py, each chosen by an option of `ViTConfig`.
+
+- position tables: `sincos_2d` (fixed, MoCo v3; `periodic` for images that wrap around),
+  `resample_pos_embed` (learned ones for another patch grid, as timm's);
+- attention: `window_mask` (a local-attention control), `RelativePositionBias` (BEiT, Swin);
+  locality self-attention is a subclass of `Attention`, beside it in vit/model.py;
+- residual branches: `LayerScale` (CaiT, DINOv2), `DropPath` (stochastic depth);
+- tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021);
+- training: `drop_patches` (PatchDropout, Liu et al. 2022).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from vit.errors import UsageError
+
+
+def sincos_2d(
+    grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0, periodic: bool = False
+) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings, (grid_h * grid_w, dim), as in MoCo v3.
+
+    With `periodic`, the frequencies are whole turns per grid width (1, 2, ... grid/2, repeated),
+    so the table wraps around like a torus: the embedding of a patch one step past the right edge
+    is that of the first column, and a relative offset means the same thing across the edge.
+    """
+    if dim % 4:
+        raise UsageError(f"sin-cos position embeddings need dim divisible by 4, got dim={dim}")
+    y, x = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+    k = torch.arange(dim // 4)
+    if periodic:
+        omega_y = 2 * torch.pi * (k % max(grid_h // 2, 1) + 1) / grid_h
+        omega_x = 2 * torch.pi * (k % max(grid_w // 2, 1) + 1) / grid_w
+    else:
+        omega_y = omega_x = 1.0 / temperature ** (k / (dim // 4 - 1 or 1))
+    y = y.flatten()[:, None] * omega_y[None, :]
+    x = x.flatten()[:, None] * omega_x[None, :]
+    return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1)
+
+
+def window_mask(grid: tuple[int, int], window: int) -> torch.Tensor:
+    """(1 + N, 1 + N) boolean mask, True where attention is allowed: patches within `window`
+    rows and columns of each other; the class token (index 0) only to itself."""
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    rows, cols = rows.flatten(), cols.flatten()
+    near = ((rows[:, None] - rows[None, :]).abs() <= window) & (
+        (cols[:, None] - cols[None, :]).abs() <= window
+    )
+    mask = torch.zeros(1 + len(rows), 1 + len(rows), dtype=torch.bool)
+    mask[0, 0] = True
+    mask[1:, 1:] = near
+    return mask
+
+
+class RelativePositionBias(nn.Module):
+    """A learned bias on the attention scores of each pair of patches by their offset in rows and
+    columns, one table of (2H - 1)(2W - 1) offsets per head, from zero (Swin; BEiT's
+    `relative_position_bias_table` and `relative_position_index`): attention can prefer an offset
+    wherever the two patches are, positions without the translation that absolute ones must learn.
+    A class token in front takes three more entries, BEiT's: its row, its column, itself."""
+
+    def __init__(self, grid: tuple[int, int], heads: int, class_token: bool):
+        super().__init__()
+        h, w = grid
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        rows, cols = rows.flatten(), cols.flatten()
+        # offsets shifted to start at 0, row-major over the (2h - 1) x (2w - 1) table
+        index = (rows[:, None] - rows + h - 1) * (2 * w - 1) + (cols[:, None] - cols + w - 1)
+        size = (2 * h - 1) * (2 * w - 1)
+        if class_token:
+            index = F.pad(index, (1, 0, 1, 0))
+            index[0, :], index[:, 0], index[0, 0] = size, size + 1, size + 2
+            size += 3
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(size, heads))
+        self.register_buffer("relative_position_index", index, persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        """The bias (heads, tokens, tokens), to add to the attention scores."""
+        return rearrange(self.relative_position_bias_table[self.relative_position_index], "n m h -> h n m")
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """Position embeddings (1, prefix + old_h * old_w, dim) for another patch grid: the patch part
+    resampled as an image (bicubic, antialiased, as timm's `resample_abs_pos_embed`), the rows of
+    the prefix tokens kept."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    grid = rearrange(grid.float(), "1 (h w) d -> 1 d h w", h=old_grid[0], w=old_grid[1])
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    grid = rearrange(grid, "1 d h w -> 1 (h w) d").to(pos_embed.dtype)
+    return torch.cat((prefix, grid), dim=1)
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch (Touvron et al. 2021, CaiT; DINOv2)."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch for a random subset of samples."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = torch.empty(x.shape[0], *([1] * (x.ndim - 1)), device=x.device, dtype=x.dtype)
+        return x * keep.bernoulli_(1.0 - self.p) / (1.0 - self.p)
+
+
+class ShiftedPatches(nn.Module):
+    """Shifted Patch Tokenization (Lee et al. 2021, "Vision Transformer for Small-Size Datasets"):
+    the image and four copies of it moved `shift` pixels diagonally (zeros fill the gap), stacked
+    as channels, so that each patch also sees a border of its neighbours' pixels."""
+
+    def __init__(self, shift: int):
+        super().__init__()
+        self.shift = shift
+        # (dy, dx) per copy: copy[y, x] = image[y - dy, x - dx]; the image itself first
+        self.offsets = [(0, 0)] + [(dy, dx) for dy in (shift, -shift) for dx in (shift, -shift)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([F.pad(x, (dx, -dx, dy, -dy)) for dy, dx in self.offsets], dim=1)
+
+
+class ConvStem(nn.Sequential):
+    """A convolutional stem in front of the patch embedding (Xiao et al. 2021, "Early
+    Convolutions Help Transformers See Better"): one 3x3 convolution per entry of `channels`,
+    of stride 2 unless `strides` says otherwise, each followed by BatchNorm and ReLU, so the
+    image reaches the patchify step prod(strides) times smaller, with channels[-1] channels."""
+
+    def __init__(self, in_channels: int, channels: list[int], strides: Sequence[int] | None = None):
+        strides = strides or [2] * len(channels)
+        layers = []
+        for c_in, c_out, s in zip([in_channels, *channels], channels, strides, strict=False):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=s, padding=1, bias=False), nn.BatchNorm2d(c_out)]
+            layers.append(nn.ReLU(inplace=True))
+        super().__init__(*layers)
+        self.stride = math.prod(strides)
+
+
+def drop_patches(x: torch.Tensor, num_prefix_tokens: int, rate: float) -> torch.Tensor:
+    """PatchDropout (Liu et al., 2022): keep the prefix tokens and a random subset of the patch
+    tokens, a different one per image, after their positions are added. Training sees fewer
+    tokens (faster steps, a regulariser); evaluation sees them all."""
+    prefix, patches = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
+    keep = max(1, round(patches.shape[1] * (1 - rate)))
+    index = torch.rand(patches.shape[:2], device=x.device).argsort(dim=1)[:, :keep]
+    patches = patches.gather(1, index[..., None].expand(-1, -1, patches.shape[2]))
+    return torch.cat((prefix, patches), dim=1)
