@@ -14,6 +14,9 @@ and its data module from the checkpoint; `predict` needs only the checkpoint: it
 says how image files become model input, and no data module is built. Everything is computed
 before the first file is written; bad input stops the command with one line `error: ...` and exit
 status 2 (a bad option or value) or 1 (a missing or unreadable file), and writes nothing.
+
+torch, Lightning and matplotlib are imported inside the functions that use them, not at the top:
+importing them takes seconds, and `vit-eval --help` needs none of them.
 """
 
 from __future__ import annotations
@@ -21,18 +24,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
 
-from vit.checkpoint import check_source, load_checkpoint, load_network
 from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
-from vit.datamodules import InMemory
-from vit.decode import class_folders, read_image_folder
 from vit.errors import UsageError
-from vit.metrics import classification_metrics, collect_probabilities, predict_probabilities, restrict_to
-from vit.plot import confusion_figure, reliability_figure, save_all
-from vit.preparation import Preparation, read_images
+
+if TYPE_CHECKING:
+    from vit.datamodules import InMemory
+    from vit.preparation import Preparation
 
 SPLITS = ("test", "val")
 DEVICES = ("auto", "cpu", "cuda")
@@ -40,6 +41,8 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def torch_device(device: str) -> str:
     """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
+    import torch
+
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -84,6 +87,11 @@ def output_indices(names: list[str], preparation: Preparation, folder: Path) -> 
 def folder_split(folder: Path, preparation: Preparation) -> tuple[InMemory, list[int]]:
     """The images of `folder/<class>/*` prepared for a model, labelled with the model output each
     class folder names (`output_indices`), and those outputs, in the model's order."""
+    import torch
+
+    from vit.datamodules import InMemory
+    from vit.decode import class_folders, read_image_folder
+
     names = class_folders(folder)
     outputs = output_indices(names, preparation, folder)
     images, labels = read_image_folder(folder.parent, folder.name, names, preparation, on_bad_file="skip")
@@ -135,6 +143,12 @@ def evaluate(
     folders are named by its class names or, for ImageNet heads, synsets (n01440764); they may be
     a subset of its classes (a prediction of another class is wrong).
     """
+    import torch
+
+    from vit.checkpoint import check_source, load_checkpoint, load_network
+    from vit.metrics import classification_metrics, collect_probabilities, restrict_to
+    from vit.plot import confusion_figure, reliability_figure, save_all
+
     if split not in SPLITS:
         raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     check_source(ckpt, model, weights)
@@ -213,6 +227,10 @@ def predict(
     preparation says, and print, as JSON, each file's `top_k` classes with their probabilities,
     most probable first. Returns that list. Needs only the checkpoint: no data module, no data
     files."""
+    from vit.checkpoint import load_network
+    from vit.metrics import predict_probabilities
+    from vit.preparation import read_images
+
     if top_k < 1 or batch_size < 1:
         raise UsageError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
     device = torch_device(device)
