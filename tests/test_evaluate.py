@@ -9,21 +9,10 @@ import pytest
 import torch
 from helpers import command_error
 from PIL import Image
-from torchmetrics.functional.classification import multiclass_calibration_error
 
 from vit import CNNClassifier, TwoCircles
 from vit.checkpoint import load_checkpoint
-from vit.commands.eval import (
-    classification_metrics,
-    collect_probabilities,
-    evaluate,
-    expected_calibration_error,
-    main,
-    parse_data_options,
-    predict_probabilities,
-    reliability_bins,
-)
-from vit.datamodules import InMemory
+from vit.commands.eval import evaluate, main, parse_data_options
 from vit.preparation import prepare
 
 PNG = b"\x89PNG"
@@ -69,50 +58,6 @@ def test_eval_writes_its_files_and_measures_what_lightning_test_measures(
     assert all(name in table for name in datamodule.classes) and "wrote metrics.json" in table
 
 
-def test_ece_of_the_reliability_bins_by_hand_and_by_torchmetrics():
-    probabilities = torch.tensor(
-        [
-            [0.90, 0.05, 0.05],  # bin 13 of 15 ([0.867, 0.933)), right
-            [0.92, 0.04, 0.04],  # bin 13, wrong
-            [0.10, 0.60, 0.30],  # bin 9 ([0.6, 0.667)), right
-            [0.20, 0.20, 0.60],  # bin 9, wrong
-            [0.30, 0.30, 0.40],  # bin 6 ([0.4, 0.467)), right
-        ]
-    )
-    labels = torch.tensor([0, 1, 1, 0, 2])
-    count, confidence, accuracy = reliability_bins(probabilities, labels, n_bins=15)
-    assert count.nonzero().flatten().tolist() == [6, 9, 13] and count.sum() == 5
-    by_hand = (2 * abs(0.5 - 0.91) + 2 * abs(0.5 - 0.60) + 1 * abs(1.0 - 0.40)) / 5
-    assert expected_calibration_error(count, confidence, accuracy) == pytest.approx(by_hand)
-    ours = multiclass_calibration_error(probabilities, labels, 3, n_bins=15, norm="l1")
-    assert ours.item() == pytest.approx(by_hand, abs=1e-6)
-    # the figures vit-eval reports use the same bins
-    metrics = classification_metrics(probabilities, labels, ["a", "b", "c"])
-    assert metrics["ece"] == pytest.approx(by_hand, abs=1e-6) and metrics["reliability"]["count"][13] == 2
-    assert metrics["nll"] == pytest.approx(-np.log([0.90, 0.04, 0.60, 0.20, 0.40]).mean(), abs=1e-6)
-
-
-def test_top5_is_reported_beyond_five_classes():
-    probabilities = torch.eye(7)[[0, 1, 2, 3, 4, 5, 6, 6]] * 0.3 + torch.linspace(0.1, 0.01, 7)
-    probabilities = probabilities / probabilities.sum(-1, keepdim=True)
-    labels = torch.tensor([0, 1, 2, 3, 4, 5, 6, 1])  # the last is right only within the top 5
-    metrics = classification_metrics(probabilities, labels, list("abcdefg"))
-    assert metrics["top1"] == pytest.approx(7 / 8) and metrics["top5"] == pytest.approx(1.0)
-
-
-def test_flip_averaging_leaves_a_mirror_symmetric_image_alone(trained):
-    model, data = trained
-    images = data.splits["test"].images[:8]
-    symmetric = (images + images.flip(-1)) / 2
-    torch.testing.assert_close(
-        predict_probabilities(model, symmetric, tta=True), predict_probabilities(model, symmetric)
-    )
-    flipped = predict_probabilities(model, images.flip(-1))
-    torch.testing.assert_close(
-        predict_probabilities(model, images, tta=True), (predict_probabilities(model, images) + flipped) / 2
-    )
-
-
 def test_data_options_choose_another_test_set(trained_checkpoint, tmp_path):
     out = tmp_path / "far"
     run(
@@ -153,24 +98,6 @@ def test_validation_split_and_a_cnn_checkpoint(tmp_path, capsys):
     metrics = evaluate(path, split="val", batch_size=5, progress=False)
     assert metrics["num_images"] == 24 and metrics["split"] == "val"
     assert metrics["data"]["batch_size"] == 5
-
-
-class Uint8TwoCircles(TwoCircles):
-    """Holds its test split as bytes, as image data modules do; `split` gives floats."""
-
-    def split(self, name):
-        split = super().split(name)
-        return InMemory((split.images * 255).round().to(torch.uint8), split.labels)
-
-
-def test_a_split_of_bytes_is_measured_as_the_model_sees_it(trained):
-    model, _ = trained
-    data = Uint8TwoCircles(num_train=8, num_val=8, num_test=40, batch_size=16)
-    probabilities, labels = collect_probabilities(model, data.split("test"), progress=False)
-    images, expected_labels = data.splits["test"].images, data.splits["test"].labels
-    expected = predict_probabilities(model, (images * 255).round() / 255)
-    torch.testing.assert_close(probabilities, expected)
-    assert torch.equal(labels, expected_labels)
 
 
 def test_predict_on_files_of_any_size_and_mode(trained_checkpoint, trained, tmp_path, capsys):

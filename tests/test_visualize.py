@@ -213,8 +213,8 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
     """Rollouts of a `pool: mean` model follow its patch tokens, and say so; `--method cls` notes
     that the class token does not feed its head. With `attn_window` the class token attends only
     to itself, so a class-token rollout would be blank there; the pooled one is not."""
+    import vit.plot
     from vit import ViTClassifier, ViTConfig
-    from vit.commands import attention as command
 
     options = dict(pool="mean", attn_window=1) if pool == "mean" else {}
     model = ViTClassifier(
@@ -230,7 +230,7 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
         drawn.append((title, maps))
         return batch_figure(images, maps, *args, title=title, **kwargs)
 
-    monkeypatch.setattr(command, "batch_figure", batch_figure_spy)
+    monkeypatch.setattr(vit.plot, "batch_figure", batch_figure_spy)  # the command imports it when it runs
     for method in ("rollout", "grad-rollout", "cls"):
         run("--ckpt", ckpt, "--images", picture, "--out", tmp_path / method, "--method", method)
     token = {"mean": "mean-pooled-token", "cls": "class-token"}[pool]

@@ -13,14 +13,15 @@ The pipeline is the same for the three:
   offsets and mirror, applies an optional TrivialAugment/RandAugment policy, converts to float and
   optionally mixes images (MixUp, CutMix: soft labels), on the GPU when there is one.
 
-Contract, shared with `TwoCircles` (vit-eval and vit-attention rely on it): `split(name)` is the
-one way to read a split: an `InMemory` dataset whose items are float32 images (C, H, W) in [0, 1]
-and int64 labels, ready for the model; the validation, test and predict loaders yield its batches.
-The training loader yields uint8 images, which `on_after_batch_transfer` turns into the same float
-form (augmented). `preparation` says how an image file becomes what the test split holds (mode,
-size, resize or crop, border, class names); checkpoints store it. There is no mean/std
-normalisation: the patch embedding is linear, so it represents any per-channel affine map of the
-pixels exactly, and [0, 1] images can be drawn as they are.
+Contract, shared with `TwoCircles` through `InMemoryDataModule` (vit-eval and vit-attention rely
+on it): `split(name)` is the one way to read a split: an `InMemory` dataset whose items are
+float32 images (C, H, W) in [0, 1] and int64 labels, ready for the model; the validation, test
+and predict loaders yield its batches. The training loader of the three image data modules yields
+uint8 images, which `on_after_batch_transfer` turns into the same float form (augmented).
+`preparation` says how an image file becomes what the test split holds (mode, size, resize or
+crop, border, class names); checkpoints store it. There is no mean/std normalisation: the patch
+embedding is linear, so it represents any per-channel affine map of the pixels exactly, and
+[0, 1] images can be drawn as they are.
 """
 
 from __future__ import annotations
@@ -119,9 +120,52 @@ def batches(dataset: InMemory, batch_size: int, shuffle: bool = False, num_worke
     )
 
 
-class ImageDataModule(L.LightningDataModule):
+class InMemoryDataModule(L.LightningDataModule):
+    """What every data module here shares (`ImageDataModule`'s three and `TwoCircles`): splits
+    held in memory, `setup` by stage, and whole-batch loaders (`batches`).
+
+    A subclass implements `split(name)`, which makes the split on first use and keeps it in
+    `splits` (name -> `InMemory`); it may change what the training loader reads
+    (`training_data`). The validation, test and predict loaders read `split(name)` as it is.
+    """
+
+    def __init__(self, batch_size: int, num_workers: int):
+        super().__init__()
+        require(batch_size >= 1, f"batch_size={batch_size} must be at least 1")
+        require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.splits: dict[str, InMemory] = {}  # name -> images and labels, made on first use
+
+    def split(self, name: str) -> InMemory:
+        """Split "train", "val" or "test": float32 images in [0, 1], ready for the model."""
+        raise NotImplementedError
+
+    def training_data(self) -> InMemory:
+        """What the training loader shuffles: the train split."""
+        return self.split("train")
+
+    def setup(self, stage: str) -> None:
+        wanted = {"fit": ("train", "val"), "validate": ("val",)}
+        for name in wanted.get(stage, ("test",)):
+            self.split(name)
+
+    def train_dataloader(self) -> DataLoader:
+        return batches(self.training_data(), self.batch_size, True, self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return batches(self.split("val"), self.batch_size, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return batches(self.split("test"), self.batch_size, num_workers=self.num_workers)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+
+class ImageDataModule(InMemoryDataModule):
     """What CIFAR10, ImageFolders and FashionMNIST share: splits decoded once into uint8 tensors,
-    held-out validation, whole-batch loaders and batched augmentation on the device.
+    held-out validation and batched augmentation on the device (the loaders are
+    `InMemoryDataModule`'s).
 
     `split(name)` and the validation, test and predict loaders give float32 images in [0, 1]
     ready for the model. The training loader yields uint8 images; `on_after_batch_transfer`
@@ -148,9 +192,7 @@ class ImageDataModule(L.LightningDataModule):
         cutmix_alpha: float = 0.0,  # 0: no CutMix; with both, each batch uses one of the two
         num_workers: int = 0,  # whole-batch indexing of a tensor in memory needs no workers
     ):
-        super().__init__()
-        require(batch_size >= 1, f"batch_size={batch_size} must be at least 1")
-        require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
+        super().__init__(batch_size, num_workers)
         require(crop_padding >= 0, f"crop_padding={crop_padding} must be >= 0")
         require(
             policy in ("none", *POLICIES), f"unknown policy {policy!r}; choose none, {', '.join(POLICIES)}"
@@ -169,7 +211,7 @@ class ImageDataModule(L.LightningDataModule):
         height, width = preparation.size
         self.image_size = height if height == width else (height, width)
         self.in_channels = preparation.channels
-        self.val_size, self.batch_size, self.seed, self.num_workers = val_size, batch_size, seed, num_workers
+        self.val_size, self.seed = val_size, seed
         self.crop_padding, self.flip, self.policy_groups = crop_padding, flip, policy_groups
         self.policy = POLICIES[policy]() if policy != "none" else None
         mixes = [
@@ -178,7 +220,6 @@ class ImageDataModule(L.LightningDataModule):
             if alpha > 0
         ]
         self.mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
-        self.splits: dict[str, InMemory] = {}  # name -> uint8 images and labels, read on first use
 
     @classmethod
     def preparation_for(cls, hparams: dict) -> Preparation:
@@ -205,25 +246,11 @@ class ImageDataModule(L.LightningDataModule):
                 self.splits[name] = InMemory(*self.read_split(name))
         return self.splits[name]
 
-    def setup(self, stage: str) -> None:
-        wanted = {"fit": ("train", "val"), "validate": ("val",)}
-        for name in wanted.get(stage, ("test",)):
-            self.split(name)
-
-    def train_dataloader(self) -> DataLoader:
+    def training_data(self) -> InMemory:
+        """The train split as uint8 images: `on_after_batch_transfer` augments whole batches on the
+        device and converts them to float there."""
         train = self.split("train")
-        return batches(
-            InMemory(train.images, train.labels, raw=True), self.batch_size, True, self.num_workers
-        )
-
-    def val_dataloader(self) -> DataLoader:
-        return batches(self.split("val"), self.batch_size, num_workers=self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return batches(self.split("test"), self.batch_size, num_workers=self.num_workers)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()
+        return InMemory(train.images, train.labels, raw=True)
 
     def augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A training batch of uint8 images (B, C, H, W), on any device -> augmented float32 images

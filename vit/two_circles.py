@@ -2,17 +2,17 @@
 
 Like every data module here, `TwoCircles` exposes `num_classes`, `image_size`, `in_channels` and
 `classes` (the CLI links the first three into the model, so a config names them once), `split(name)`
-(the one way to read a split) and `preparation` (how an image file becomes model input)."""
+(the one way to read a split) and `preparation` (how an image file becomes model input). Its
+setup and loaders are those of every data module (`vit.datamodules.InMemoryDataModule`); this
+module only generates the images."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
-from vit.datamodules import InMemory, batches
+from vit.datamodules import InMemory, InMemoryDataModule
 from vit.errors import UsageError, require
 from vit.preparation import Preparation
 
@@ -114,7 +114,7 @@ def make_two_circles(
     return images, labels, centres
 
 
-class TwoCircles(L.LightningDataModule):
+class TwoCircles(InMemoryDataModule):
     """Two identical circles whose relative placement is the label; generated, no files needed.
 
     Deterministic from `seed`: each split has its own generator, so the validation and test sets
@@ -147,11 +147,9 @@ class TwoCircles(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
     ):
-        super().__init__()
         for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
             require(value >= 1, f"{name}={value} must be at least 1")
-        require(batch_size >= 1, f"batch_size={batch_size} must be at least 1")
-        require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
+        super().__init__(batch_size, num_workers)
         require(radius > 0 and noise >= 0, f"radius={radius} must be > 0 and noise={noise} >= 0")
         require(num_classes in ORIENTATIONS, f"num_classes={num_classes} must be 2 or 4")
         require(max_distractors >= 0, f"max_distractors={max_distractors} must be >= 0")
@@ -181,7 +179,6 @@ class TwoCircles(L.LightningDataModule):
         self.num_classes = num_classes
         self.preparation = self.preparation_for(self.hparams)
         self.classes = self.preparation.classes
-        self.splits: dict[str, InMemory] = {}
         self.centres: dict[str, torch.Tensor] = {}  # (n, 2, 2) circle centres, for analysis
 
     @classmethod
@@ -223,29 +220,9 @@ class TwoCircles(L.LightningDataModule):
         self.split(name)
         return self.centres[self._own_name(name)]
 
-    def setup(self, stage: str) -> None:
-        wanted = {"fit": ("train", "val"), "validate": ("val",)}
-        for name in wanted.get(stage, ("test",)):
-            self.split(name)
-
     @property
     def test_name(self) -> str:
         return "test" if self.hparams.test_split == "iid" else self.hparams.test_split
-
-    def _loader(self, name: str, shuffle: bool = False) -> DataLoader:
-        return batches(self.split(name), self.hparams.batch_size, shuffle, self.hparams.num_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test")
 
 
 def circle_patch_masks(

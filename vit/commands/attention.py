@@ -11,6 +11,9 @@ only the checkpoint (its `Preparation`: no data module is built) or a model of a
 of the arguments runs before anything is computed or written; a bad one stops the command with
 one line `error: ...` and exit status 2 (a bad option or value) or 1 (a missing or unreadable
 file), and no output folder is made.
+
+torch, Lightning and matplotlib are imported inside the functions that use them, not at the top:
+importing them takes seconds, and `vit-attention --help` needs none of them.
 """
 
 from __future__ import annotations
@@ -19,36 +22,26 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from vit.attention_maps import (
-    HEAD_FUSIONS,
-    METHODS,
-    embedding_filter_components,
-    explain,
-    iter_attention,
-    mean_attention_distance,
-    pos_embed_similarity,
-)
-from vit.checkpoint import check_source, load_checkpoint, load_network
 from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
 from vit.errors import UsageError
-from vit.model import ViT
-from vit.plot import (
-    batch_figure,
-    embedding_filters_figure,
-    layers_heads_figure,
-    mean_distance_figure,
-    pos_embed_similarity_figure,
-    save_all,
-)
-from vit.preparation import image_files, read_images
+
+if TYPE_CHECKING:
+    import torch
+
+    from vit.model import ViT
+
+# The keys of `vit.attention_maps.HEAD_FUSIONS`, named here so that --help needs no torch (a test
+# checks that they match).
+HEAD_FUSION_NAMES = ("mean", "max", "min")
 
 
 def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """`n` test images spread evenly over the test split (image folders list theirs class by
     class, so the first `n` would often be one class), their labels and their indices."""
+    import torch
+
     split = datamodule.split("test")
     size = len(split)
     if size == 0:
@@ -67,6 +60,8 @@ def check_options(
     discard_ratio: float = 0.0,
 ) -> None:
     """The options of `explain`, checked before any model is loaded, in the words of the flags."""
+    from vit.attention_maps import HEAD_FUSIONS, METHODS
+
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if (method == "query") != (query_patch is not None):
@@ -115,6 +110,14 @@ def attention(
     mean_attention_distance.png, pos_embed_similarity.png and embedding_filters.png. The
     options are those of `vit.attention_maps.explain`, and `vit-attention --help` explains them.
     """
+    import torch
+
+    from vit.attention_maps import explain
+    from vit.checkpoint import check_source, load_checkpoint, load_network
+    from vit.model import ViT
+    from vit.plot import batch_figure, layers_heads_figure, save_all
+    from vit.preparation import image_files, read_images
+
     started = time.perf_counter()
     check_source(ckpt, model, weights)
     if model is not None and not images:
@@ -193,6 +196,14 @@ def attention(
 
 def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
     """The three panels of the ViT paper's Figure 7, as figures by file name."""
+    from vit.attention_maps import (
+        embedding_filter_components,
+        iter_attention,
+        mean_attention_distance,
+        pos_embed_similarity,
+    )
+    from vit.plot import embedding_filters_figure, mean_distance_figure, pos_embed_similarity_figure
+
     distance, count = 0.0, 0
     for weights in iter_attention(model, images, batch_size=batch_size):  # chunk by chunk
         distance = distance + mean_attention_distance(model, weights) * weights.shape[1]
@@ -273,7 +284,7 @@ def parser() -> Parser:
         "--head-fusion",
         "--head_fusion",
         default="mean",
-        help="how rollout combines heads: " + ", ".join(HEAD_FUSIONS),
+        help="how rollout combines heads: " + ", ".join(HEAD_FUSION_NAMES),
     )
     add(
         "--discard-ratio",

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from jsonargparse import ArgumentParser
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from vit.compat import old_option_hint
 from vit.errors import UsageError, one_line
@@ -82,13 +81,25 @@ def check_out_folder(out: str | Path | None) -> None:
         raise UsageError(f"--out {out} is a file, not a folder")
 
 
+def is_misconfiguration(error: BaseException) -> bool:
+    """Whether `error` is Lightning's MisconfigurationException (a bad option or value). Lightning
+    is not imported to find out: importing it takes seconds, and where no module has imported it,
+    nothing can have raised its exception."""
+    exceptions = sys.modules.get("lightning.fabric.utilities.exceptions")
+    return exceptions is not None and isinstance(error, exceptions.MisconfigurationException)
+
+
 def run_command(command: Callable[..., object], *args, **kwargs) -> None:
     """Call `command`; an error the user caused ends the process with one line and its status:
     a bad option or value (`UsageError`, Lightning's MisconfigurationException) 2, a file that is
     missing, unreadable or unwritable, or bad data or a bad checkpoint (`OSError`, `ValueError`) 1."""
     try:
         command(*args, **kwargs)
-    except (UsageError, MisconfigurationException) as e:
+    except UsageError as e:
         fail(e, USAGE)
     except (OSError, ValueError) as e:
         fail(e, FAILURE)
+    except Exception as e:
+        if not is_misconfiguration(e):
+            raise
+        fail(e, USAGE)

@@ -8,11 +8,15 @@
     vit-eval --model timm:deit_tiny_patch16_224 --weights deit.safetensors --data root=imagenet/val
     vit-eval predict --model hf:google/vit-base-patch16-224 cat.jpg    # models of other libraries
 
-Checkpoints are read without unpickling code (`vit.checkpoint`). Measuring rebuilds the model
+The figures come from `vit.metrics`; this command loads, calls, prints and saves. Checkpoints are
+read without unpickling code (`vit.checkpoint`). Measuring rebuilds the model
 and its data module from the checkpoint; `predict` needs only the checkpoint: its `Preparation`
 says how image files become model input, and no data module is built. Everything is computed
 before the first file is written; bad input stops the command with one line `error: ...` and exit
 status 2 (a bad option or value) or 1 (a missing or unreadable file), and writes nothing.
+
+torch, Lightning and matplotlib are imported inside the functions that use them, not at the top:
+importing them takes seconds, and `vit-eval --help` needs none of them.
 """
 
 from __future__ import annotations
@@ -20,32 +24,25 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
 import yaml
-from torchmetrics.functional.classification import (
-    multiclass_accuracy,
-    multiclass_calibration_error,
-    multiclass_confusion_matrix,
-)
-from tqdm import tqdm
 
-from vit.checkpoint import check_source, load_checkpoint, load_network
 from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
-from vit.datamodules import InMemory
-from vit.decode import class_folders, read_image_folder
 from vit.errors import UsageError
-from vit.plot import confusion_figure, reliability_figure, save_all
-from vit.preparation import Preparation, read_images
+
+if TYPE_CHECKING:
+    from vit.datamodules import InMemory
+    from vit.preparation import Preparation
 
 SPLITS = ("test", "val")
 DEVICES = ("auto", "cpu", "cuda")
-N_BINS = 15  # confidence bins of the calibration error, as in Guo et al. 2017
 
 
 def torch_device(device: str) -> str:
     """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
+    import torch
+
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -70,40 +67,6 @@ def parse_data_options(items: list[str]) -> dict:
     return options
 
 
-@torch.no_grad()
-def predict_probabilities(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -> torch.Tensor:
-    """Softmax probabilities (N, classes); with `tta`, the mean of those of each image and of its
-    mirror image (flipped left to right)."""
-    probabilities = model(images).float().softmax(dim=-1)
-    if tta:
-        probabilities = (probabilities + model(images.flip(-1)).float().softmax(dim=-1)) / 2
-    return probabilities
-
-
-@torch.no_grad()
-def collect_probabilities(
-    model: torch.nn.Module,
-    dataset: InMemory,
-    batch_size: int = 128,
-    tta: bool = False,
-    device: str = "cpu",
-    progress: bool = True,
-    desc: str = "test split",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities (N, classes) and labels (N,) of every image of `dataset` (a split, whose
-    images are ready for the model), in batches of `batch_size`, with a progress bar."""
-    if len(dataset) == 0:
-        raise ValueError(f"the {desc} holds no images")
-    model = model.to(device).eval()
-    probabilities, labels = [], []
-    starts = range(0, len(dataset), batch_size)
-    for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
-        images, targets = dataset[start : start + batch_size]
-        probabilities.append(predict_probabilities(model, images.to(device), tta).cpu())
-        labels.append(targets)
-    return torch.cat(probabilities), torch.cat(labels)
-
-
 def output_indices(names: list[str], preparation: Preparation, folder: Path) -> list[int]:
     """For each class folder name, the model output it names: a class name of the model or, for
     ImageNet heads, a synset (n01440764). A name the model does not know is a UsageError."""
@@ -124,79 +87,15 @@ def output_indices(names: list[str], preparation: Preparation, folder: Path) -> 
 def folder_split(folder: Path, preparation: Preparation) -> tuple[InMemory, list[int]]:
     """The images of `folder/<class>/*` prepared for a model, labelled with the model output each
     class folder names (`output_indices`), and those outputs, in the model's order."""
+    import torch
+
+    from vit.datamodules import InMemory
+    from vit.decode import class_folders, read_image_folder
+
     names = class_folders(folder)
     outputs = output_indices(names, preparation, folder)
     images, labels = read_image_folder(folder.parent, folder.name, names, preparation, on_bad_file="skip")
     return InMemory(images, torch.tensor(outputs)[labels]), sorted(set(outputs))
-
-
-def restrict_to(metrics: dict, present: list[int], classes: list[str]) -> dict:
-    """Metrics of data that holds some of the model's classes: per-class rows of those only, and a
-    confusion matrix of their rows whose last column, "other", counts the predictions of any
-    class outside them (wrong, like every prediction of another class)."""
-    confusion = torch.tensor(metrics["confusion_matrix"])[present]
-    kept = confusion[:, present]
-    metrics["confusion_matrix"] = torch.cat([kept, (confusion.sum(1) - kept.sum(1))[:, None]], 1).tolist()
-    metrics["confusion_columns"] = [classes[i] for i in present] + ["other"]
-    metrics["per_class"] = {classes[i]: metrics["per_class"][classes[i]] for i in present}
-    return metrics
-
-
-def reliability_bins(
-    probabilities: torch.Tensor, labels: torch.Tensor, n_bins: int = N_BINS
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per equal-width bin of the top-1 confidence: the number of images, their mean confidence
-    and their accuracy (0 in empty bins). Bin i holds confidences in [i/n, (i+1)/n), the last
-    one 1 as well (torchmetrics gives exactly 1 a bin of its own, which changes the calibration
-    error only when that bin and the one below it err in opposite directions)."""
-    confidence, predicted = probabilities.double().max(dim=-1)
-    correct = (predicted == labels).double()
-    index = (confidence * n_bins).long().clamp(0, n_bins - 1)
-    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, torch.ones_like(correct))
-    total_confidence = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, confidence)
-    total_correct = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, correct)
-    return count, total_confidence / count.clamp_min(1), total_correct / count.clamp_min(1)
-
-
-def expected_calibration_error(
-    count: torch.Tensor, confidence: torch.Tensor, accuracy: torch.Tensor
-) -> float:
-    """ECE = sum over bins of (share of the images) * |accuracy - mean confidence|."""
-    return float((count * (accuracy - confidence).abs()).sum() / count.sum())
-
-
-def classification_metrics(probabilities: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:
-    """Top-1 (and top-5 beyond 5 classes) accuracy, expected calibration error, negative
-    log-likelihood, per-class accuracy, confusion matrix and reliability bins, as plain numbers."""
-    n = len(classes)
-    confusion = multiclass_confusion_matrix(probabilities, labels, n)  # (true, predicted)
-    per_class = multiclass_accuracy(probabilities, labels, n, average=None)
-    images = confusion.sum(dim=1)
-    count, confidence, accuracy = reliability_bins(probabilities, labels)
-    metrics = {
-        "num_images": len(labels),
-        "num_classes": n,
-        "top1": float(multiclass_accuracy(probabilities, labels, n, average="micro")),
-    }
-    if n > 5:
-        metrics["top5"] = float(multiclass_accuracy(probabilities, labels, n, top_k=5, average="micro"))
-    metrics |= {
-        "ece": float(multiclass_calibration_error(probabilities, labels, n, n_bins=N_BINS, norm="l1")),
-        "ece_bins": N_BINS,
-        # without the label smoothing of training, so lower than vit-train's test/loss
-        "nll": float(F.nll_loss(probabilities.clamp_min(1e-12).log(), labels)),
-        "per_class": {
-            name: {"accuracy": float(a) if k > 0 else None, "images": int(k)}
-            for name, a, k in zip(classes, per_class, images, strict=True)
-        },
-        "confusion_matrix": confusion.tolist(),
-        "reliability": {
-            "count": count.long().tolist(),
-            "confidence": confidence.tolist(),
-            "accuracy": accuracy.tolist(),
-        },
-    }
-    return metrics
 
 
 def format_table(metrics: dict) -> str:
@@ -244,6 +143,12 @@ def evaluate(
     folders are named by its class names or, for ImageNet heads, synsets (n01440764); they may be
     a subset of its classes (a prediction of another class is wrong).
     """
+    import torch
+
+    from vit.checkpoint import check_source, load_checkpoint, load_network
+    from vit.metrics import classification_metrics, collect_probabilities, restrict_to
+    from vit.plot import confusion_figure, reliability_figure, save_all
+
     if split not in SPLITS:
         raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     check_source(ckpt, model, weights)
@@ -322,6 +227,10 @@ def predict(
     preparation says, and print, as JSON, each file's `top_k` classes with their probabilities,
     most probable first. Returns that list. Needs only the checkpoint: no data module, no data
     files."""
+    from vit.checkpoint import load_network
+    from vit.metrics import predict_probabilities
+    from vit.preparation import read_images
+
     if top_k < 1 or batch_size < 1:
         raise UsageError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
     device = torch_device(device)

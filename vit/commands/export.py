@@ -6,6 +6,9 @@ Writes `model.safetensors` and `config.json` (the architecture, normalisation in
 preparation and the class names); `vit.load_pretrained(folder)` reads it back. `--onnx` adds
 `model.onnx` with a dynamic batch dimension. Bad input is one
 line `error: ...` and exit status 2 (a bad option) or 1 (a bad checkpoint), nothing written.
+
+torch and Lightning are imported inside `export`, not at the top: importing them takes seconds,
+and `vit-export --help` needs neither.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.checkpoint import load_network
 from vit.commands.base import Parser, check_out_folder, run_command
-from vit.export import save_folder, save_onnx
-from vit.model import ViT
 
 
 def export(ckpt: str | Path, out: str | Path, onnx: bool = False) -> list[Path]:
+    from vit.checkpoint import load_network
+    from vit.export import save_folder, save_onnx
+    from vit.model import ViT
+
     check_out_folder(out)
     model, preparation = load_network(ckpt)
     if not isinstance(model, ViT):

@@ -1,0 +1,133 @@
+"""How well a classifier does on a split: probabilities, accuracy, calibration, confusion.
+
+The maths of `vit-eval`, for notebooks and scripts as much as for the command: every function
+returns tensors or a dict of plain numbers, and prints and writes nothing (`vit.commands.eval`
+prints the table and saves the files; `vit.plot` draws the figures).
+
+    probabilities, labels = collect_probabilities(model, datamodule.split("test"))
+    metrics = classification_metrics(probabilities, labels, datamodule.classes)
+
+The calibration error is the expected calibration error (ECE) of Guo et al. 2017, "On Calibration
+of Modern Neural Networks", over equal-width bins of the top-1 confidence.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torchmetrics.functional.classification import (
+    multiclass_accuracy,
+    multiclass_calibration_error,
+    multiclass_confusion_matrix,
+)
+from tqdm import tqdm
+
+from vit.datamodules import InMemory
+
+N_BINS = 15  # confidence bins of the calibration error, as in Guo et al. 2017
+
+
+@torch.no_grad()
+def predict_probabilities(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """Softmax probabilities (N, classes); with `tta`, the mean of those of each image and of its
+    mirror image (flipped left to right)."""
+    probabilities = model(images).float().softmax(dim=-1)
+    if tta:
+        probabilities = (probabilities + model(images.flip(-1)).float().softmax(dim=-1)) / 2
+    return probabilities
+
+
+@torch.no_grad()
+def collect_probabilities(
+    model: torch.nn.Module,
+    dataset: InMemory,
+    batch_size: int = 128,
+    tta: bool = False,
+    device: str = "cpu",
+    progress: bool = False,
+    desc: str = "test split",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities (N, classes) and labels (N,) of every image of `dataset` (a split, whose
+    images are ready for the model), in batches of `batch_size`; with `progress`, a progress bar
+    named `desc` on stderr (vit-eval shows one: a large split takes minutes on a CPU)."""
+    if len(dataset) == 0:
+        raise ValueError(f"the {desc} holds no images")
+    model = model.to(device).eval()
+    probabilities, labels = [], []
+    starts = range(0, len(dataset), batch_size)
+    for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
+        images, targets = dataset[start : start + batch_size]
+        probabilities.append(predict_probabilities(model, images.to(device), tta).cpu())
+        labels.append(targets)
+    return torch.cat(probabilities), torch.cat(labels)
+
+
+def reliability_bins(
+    probabilities: torch.Tensor, labels: torch.Tensor, n_bins: int = N_BINS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per equal-width bin of the top-1 confidence: the number of images, their mean confidence
+    and their accuracy (0 in empty bins). Bin i holds confidences in [i/n, (i+1)/n), the last
+    one 1 as well (torchmetrics gives exactly 1 a bin of its own, which changes the calibration
+    error only when that bin and the one below it err in opposite directions)."""
+    confidence, predicted = probabilities.double().max(dim=-1)
+    correct = (predicted == labels).double()
+    index = (confidence * n_bins).long().clamp(0, n_bins - 1)
+    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, torch.ones_like(correct))
+    total_confidence = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, confidence)
+    total_correct = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, correct)
+    return count, total_confidence / count.clamp_min(1), total_correct / count.clamp_min(1)
+
+
+def expected_calibration_error(
+    count: torch.Tensor, confidence: torch.Tensor, accuracy: torch.Tensor
+) -> float:
+    """ECE = sum over bins of (share of the images) * |accuracy - mean confidence|."""
+    return float((count * (accuracy - confidence).abs()).sum() / count.sum())
+
+
+def classification_metrics(probabilities: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:
+    """Top-1 (and top-5 beyond 5 classes) accuracy, expected calibration error, negative
+    log-likelihood, per-class accuracy, confusion matrix and reliability bins, as plain numbers."""
+    n = len(classes)
+    confusion = multiclass_confusion_matrix(probabilities, labels, n)  # (true, predicted)
+    per_class = multiclass_accuracy(probabilities, labels, n, average=None)
+    images = confusion.sum(dim=1)
+    count, confidence, accuracy = reliability_bins(probabilities, labels)
+    metrics = {
+        "num_images": len(labels),
+        "num_classes": n,
+        "top1": float(multiclass_accuracy(probabilities, labels, n, average="micro")),
+    }
+    if n > 5:
+        metrics["top5"] = float(multiclass_accuracy(probabilities, labels, n, top_k=5, average="micro"))
+    metrics |= {
+        "ece": float(multiclass_calibration_error(probabilities, labels, n, n_bins=N_BINS, norm="l1")),
+        "ece_bins": N_BINS,
+        # without the label smoothing of training, so lower than vit-train's test/loss
+        "nll": float(F.nll_loss(probabilities.clamp_min(1e-12).log(), labels)),
+        "per_class": {
+            name: {"accuracy": float(a) if k > 0 else None, "images": int(k)}
+            for name, a, k in zip(classes, per_class, images, strict=True)
+        },
+        "confusion_matrix": confusion.tolist(),
+        "reliability": {
+            "count": count.long().tolist(),
+            "confidence": confidence.tolist(),
+            "accuracy": accuracy.tolist(),
+        },
+    }
+    return metrics
+
+
+def restrict_to(metrics: dict, present: list[int], classes: list[str]) -> dict:
+    """Metrics of data that holds some of the model's classes: per-class rows of those only, and a
+    confusion matrix of their rows whose last column, "other", counts the predictions of any
+    class outside them (wrong, like every prediction of another class)."""
+    confusion = torch.tensor(metrics["confusion_matrix"])[present]
+    kept = confusion[:, present]
+    metrics["confusion_matrix"] = torch.cat([kept, (confusion.sum(1) - kept.sum(1))[:, None]], 1).tolist()
+    metrics["confusion_columns"] = [classes[i] for i in present] + ["other"]
+    metrics["per_class"] = {classes[i]: metrics["per_class"][classes[i]] for i in present}
+    return metrics
