@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: CLI runs, fake image folders."""
+"""Helpers shared by the tests: CLI runs, fake image folders, an unsafe pickle."""
 
 import gzip
 import os
@@ -101,3 +101,14 @@ def command_error(command, args, capsys) -> tuple[int, str]:
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: "), lines
     return exit_info.value.code, lines[-1]
+
+
+class UnsafePayload:
+    """An object whose unpickling runs code: it creates the file `marker`. Saved in a checkpoint, it
+    proves that a reader loads with weights_only (the marker stays absent) and refuses the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))

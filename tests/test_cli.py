@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import ROOT, command_error, run_train, tiny_args
+from helpers import ROOT, UnsafePayload, command_error, run_train, tiny_args
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier
 from vit.checkpoint import load_checkpoint
@@ -258,14 +258,11 @@ def test_attention_cli_errors_are_one_line(tmp_path):
 
 
 def test_unsafe_checkpoint_is_refused(tmp_path):
-    class Payload:
-        def __reduce__(self):
-            return (print, ("code from the checkpoint ran",))
-
     path = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {}, "x": Payload()}, path)
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "x": UnsafePayload(tmp_path / "marker")}, path)
     with pytest.raises(ValueError, match="refusing"):
         load_checkpoint(path)
+    assert not (tmp_path / "marker").exists()  # its code never ran
 
 
 def test_vit_train_command_exits_zero(runs, tmp_path):

@@ -10,7 +10,7 @@ import json
 import pytest
 import timm
 import torch
-from helpers import command_error, write_image
+from helpers import UnsafePayload, command_error, write_image
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
@@ -123,11 +123,7 @@ def test_a_model_takes_another_image_size(tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    class Payload:
-        def __reduce__(self):
-            return (open, (str(tmp_path / "marker"), "w"))
-
-    torch.save({"head.weight": Payload()}, tmp_path / "evil.pth")
+    torch.save({"head.weight": UnsafePayload(tmp_path / "marker")}, tmp_path / "evil.pth")
     (tmp_path / "notes.safetensors").write_text("not weights")
     small = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3)
     save_file(
