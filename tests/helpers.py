@@ -92,14 +92,16 @@ def write_idx(path: Path, array: np.ndarray) -> None:
 
 def command_error(command, args, capsys) -> tuple[int, str]:
     """Run a command's `main(args)` that must fail; its exit status and the one line it printed
-    to stderr (checked to be one line starting with `error: `)."""
+    to stderr (checked to be one line starting with `error: `, with no traceback or usage text)."""
     import pytest
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         command([str(a) for a in args])
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: "), lines
+    assert "Traceback" not in err and "usage:" not in err, err
     return exit_info.value.code, lines[-1]
 
 

@@ -230,12 +230,26 @@ def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
         ),
     ],
 )
-def test_bad_input_is_one_line_error_and_leaves_nothing(runs, tmp_path, extra, message, status):
+def test_bad_input_is_one_line_error_and_leaves_nothing(
+    runs, tmp_path, monkeypatch, capsys, extra, message, status
+):
+    """In-process; command_error checks the line starts with `error: ` and that no traceback or
+    usage text was printed."""
+    monkeypatch.chdir(tmp_path)  # relative paths (missing.ckpt) are read from here, as a user's are
     subcommand, *options = extra
-    result = run_train(subcommand, *tiny_args(runs), *options, cwd=tmp_path)
-    assert result.returncode == status
+    code, error = command_error(cli.main, [subcommand, *tiny_args(runs), *options], capsys)
+    assert code == status
+    assert message in error, error
+    assert not runs.exists()
+
+
+def test_bad_input_from_the_command_line_is_one_line_error_and_leaves_nothing(runs, tmp_path):
+    """One of the cases above end to end, as a user meets it: `python train.py` in a process of
+    its own, a relative path read from its working folder, and its exit status."""
+    result = run_train("fit", *tiny_args(runs), "--ckpt_path", "missing.ckpt", cwd=tmp_path)
+    assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert errors[-1].startswith("error: ") and message in errors[-1], result.stderr
+    assert errors[-1] == "error: checkpoint not found: missing.ckpt", result.stderr
     assert "Traceback" not in result.stderr and "usage:" not in result.stderr
     assert not runs.exists()
 
