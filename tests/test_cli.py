@@ -113,6 +113,7 @@ def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
     assert torch.isfinite(torch.tensor(last_value(rows, "val/loss")))
 
 
+@pytest.mark.slow
 def test_compile_trains_and_keeps_eager_checkpoints(runs):
     """`--model.compile true` trains through torch.compile; the compiled network computes what the
     eager one does, and the checkpoint holds the eager parameter names, so it loads without it."""
@@ -138,6 +139,7 @@ LEARN = ["--model.preset", "mini", "--data.init_args.num_train", "8000", "--data
          "--model.lr", "0.002"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_learns_two_circles_alone_and_with_ddp(runs, tmp_path):
     """The same run in one process and in two DDP processes (gloo on CPU): both learn well above
     chance (0.25), and with DDP each process takes half the data, so there are half the steps."""
@@ -155,6 +157,7 @@ def test_learns_two_circles_alone_and_with_ddp(runs, tmp_path):
     assert last_value(metrics(runs / "ddp" / "version_0"), "val/acc") > 0.4
 
 
+@pytest.mark.slow
 def test_last_checkpoint_is_written_after_each_epoch_as_well_as_every_n_steps(tmp_path):
     """Lightning's own save_last skips epochs where val/acc did not improve, and with
     every_n_train_steps set it stops saving at epoch ends; LastCheckpoint does both."""
@@ -177,6 +180,7 @@ def test_last_checkpoint_is_written_after_each_epoch_as_well_as_every_n_steps(tm
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 48
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
     # 8192 images in batches of 16: 512 steps an epoch; a checkpoint every 20 steps
     args = tiny_args(
@@ -243,6 +247,7 @@ def test_bad_input_is_one_line_error_and_leaves_nothing(
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_bad_input_from_the_command_line_is_one_line_error_and_leaves_nothing(runs, tmp_path):
     """One of the cases above end to end, as a user meets it: `python train.py` in a process of
     its own, a relative path read from its working folder, and its exit status."""
@@ -254,6 +259,7 @@ def test_bad_input_from_the_command_line_is_one_line_error_and_leaves_nothing(ru
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_attention_cli_errors_are_one_line(tmp_path):
     command = [
         "-m",
@@ -279,6 +285,7 @@ def test_unsafe_checkpoint_is_refused(tmp_path):
     assert not (tmp_path / "marker").exists()  # its code never ran
 
 
+@pytest.mark.slow
 def test_vit_train_command_exits_zero(runs, tmp_path):
     """The installed command wraps main() in sys.exit(): a finished run must exit 0."""
     script = Path(sys.executable).parent / "vit-train"
@@ -290,6 +297,7 @@ def test_vit_train_command_exits_zero(runs, tmp_path):
     assert (runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_cnn_baseline_trains_from_the_same_cli(runs):
     cnn = ["--model", "CNNClassifier", "--model.receptive_field", "5", "--model.width", "8"]
     cli.main(["fit", *tiny_args(runs, *cnn, "--trainer.max_epochs", "1")])

@@ -475,6 +475,7 @@ def test_resize_crop_keeps_the_aspect_ratio_and_the_centre(tmp_path, capsys):
         ImageFolders(str(root), resize="squash")
 
 
+@pytest.mark.slow
 def test_vit_train_runs_data_parallel_on_two_cpu_processes(tmp_path, runs):
     """`--trainer.strategy ddp --trainer.devices 2` on CPU: the two processes split each epoch's
     images (3 steps of 8 per process where one process takes 6), and the epoch-level logs are
