@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: CLI runs, fake image folders."""
+"""Helpers shared by the tests: CLI runs, fake image folders, an unsafe pickle."""
 
 import gzip
 import os
@@ -92,14 +92,16 @@ def write_idx(path: Path, array: np.ndarray) -> None:
 
 def command_error(command, args, capsys) -> tuple[int, str]:
     """Run a command's `main(args)` that must fail; its exit status and the one line it printed
-    to stderr (checked to be one line starting with `error: `)."""
+    to stderr (checked to be one line starting with `error: `, with no traceback or usage text)."""
     import pytest
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         command([str(a) for a in args])
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: "), lines
+    assert "Traceback" not in err and "usage:" not in err, err
     return exit_info.value.code, lines[-1]
 
 
@@ -119,3 +121,14 @@ def explicit_attention_weights(model, images):
             attn.fused = flag
             hook.remove()
     return tokens, weights
+
+
+class UnsafePayload:
+    """An object whose unpickling runs code: it creates the file `marker`. Saved in a checkpoint, it
+    proves that a reader loads with weights_only (the marker stays absent) and refuses the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))

@@ -139,6 +139,7 @@ def reference_gradient_rollout(model, images, target):
     return relevance.detach()
 
 
+@pytest.mark.slow
 def test_gradient_rollout_follows_chefer_and_differs_between_classes(trained):
     classifier, datamodule = trained
     model = classifier.model

@@ -17,6 +17,7 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_two_circles_comparison_smoke(tmp_path):
     tiny = ["--steps", "2", "--seeds", "1", "--num_train", "128", "--num_test", "64", "--fields", "3"]
     result = run_script("two_circles.py", *tiny, "--cnn_width", "8", "--out", str(tmp_path))
@@ -46,6 +47,7 @@ def test_two_circles_comparison_smoke(tmp_path):
     assert result.returncode == 1 and "unknown model(s) ['Vit']" in result.stderr
 
 
+@pytest.mark.slow
 def test_two_circles_depth_smoke(tmp_path):
     tiny = [
         "--depths",
@@ -134,6 +136,7 @@ def test_accuracy_vs_minutes_draws_each_run(tmp_path, capsys):
         main([f"c={tmp_path / 'c.csv'}", "--out", str(tmp_path / "c.png")])
 
 
+@pytest.mark.slow
 def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
     from benchmarks.data_pipeline import main
     from vit.datamodules import CIFAR10_CLASSES
@@ -148,6 +151,7 @@ def test_data_pipeline_benchmark_smoke(tmp_path, capsys):
     assert "(a) model only:" in out and "(b) with pipeline:" in out and "ratio (b)/(a):" in out
 
 
+@pytest.mark.slow
 def test_short_run_smoke(tmp_path, capsys):
     from benchmarks.short_run import main
     from vit.datamodules import CIFAR10_CLASSES
@@ -179,6 +183,7 @@ def test_separation_curves_keep_test_and_far_images_apart():
     assert separation_curve([run], "far", (14.5, 15.9)) == ([14.75, 15.45], [0.0, 1.0])
 
 
+@pytest.mark.slow
 def test_finetune_study_smoke(tmp_path, capsys):
     """Pretrain, export, fine-tune and train from scratch through the commands, on a few images."""
     from benchmarks.finetune import main

@@ -4,7 +4,7 @@ and none of its code runs."""
 
 import pytest
 import torch
-from helpers import command_error, tiny_args
+from helpers import UnsafePayload, command_error, tiny_args
 from PIL import Image
 
 from vit.commands import attention, eval, train
@@ -21,12 +21,8 @@ def bad_checkpoints(trained_checkpoint, tmp_path_factory):
     assert len(data) > 20_000
     truncated.write_bytes(data[:20_000])
 
-    class Payload:
-        def __reduce__(self):
-            return (open, (str(folder / "marker"), "w"))  # unpickling it creates the marker file
-
     evil = folder / "evil.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {}, "payload": Payload()}, evil)
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "payload": UnsafePayload(folder / "marker")}, evil)
     text = folder / "notes.ckpt"
     text.write_text("not a checkpoint")
     picture = folder / "a.png"

@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import ROOT, command_error, run_train, tiny_args
+from helpers import ROOT, UnsafePayload, command_error, run_train, tiny_args
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.checkpoint import load_checkpoint
@@ -113,6 +113,7 @@ def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
     assert torch.isfinite(torch.tensor(last_value(rows, "val/loss")))
 
 
+@pytest.mark.slow
 def test_compile_trains_and_keeps_eager_checkpoints(runs):
     """`--model.compile true` trains through torch.compile; the compiled network computes what the
     eager one does, and the checkpoint holds the eager parameter names, so it loads without it."""
@@ -139,6 +140,7 @@ LEARN = ["--model.vit.preset", "mini", "--data.init_args.num_train", "8000",
          "--model.lr", "0.002"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_learns_two_circles_alone_and_with_ddp(runs, tmp_path):
     """The same run in one process and in two DDP processes (gloo on CPU): both learn well above
     chance (0.25), and with DDP each process takes half the data, so there are half the steps."""
@@ -156,6 +158,7 @@ def test_learns_two_circles_alone_and_with_ddp(runs, tmp_path):
     assert last_value(metrics(runs / "ddp" / "version_0"), "val/acc") > 0.4
 
 
+@pytest.mark.slow
 def test_last_checkpoint_is_written_after_each_epoch_as_well_as_every_n_steps(tmp_path):
     """Lightning's own save_last skips epochs where val/acc did not improve, and with
     every_n_train_steps set it stops saving at epoch ends; LastCheckpoint does both."""
@@ -180,6 +183,7 @@ def test_last_checkpoint_is_written_after_each_epoch_as_well_as_every_n_steps(tm
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 48
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
     # 8192 images in batches of 16: 512 steps an epoch; a checkpoint every 20 steps
     args = tiny_args(
@@ -233,16 +237,32 @@ def test_resume_after_sigkill_mid_epoch(runs, tmp_path):
         ),
     ],
 )
-def test_bad_input_is_one_line_error_and_leaves_nothing(runs, tmp_path, extra, message, status):
+def test_bad_input_is_one_line_error_and_leaves_nothing(
+    runs, tmp_path, monkeypatch, capsys, extra, message, status
+):
+    """In-process; command_error checks the line starts with `error: ` and that no traceback or
+    usage text was printed."""
+    monkeypatch.chdir(tmp_path)  # relative paths (missing.ckpt) are read from here, as a user's are
     subcommand, *options = extra
-    result = run_train(subcommand, *tiny_args(runs), *options, cwd=tmp_path)
-    assert result.returncode == status
+    code, error = command_error(cli.main, [subcommand, *tiny_args(runs), *options], capsys)
+    assert code == status
+    assert message in error, error
+    assert not runs.exists()
+
+
+@pytest.mark.slow
+def test_bad_input_from_the_command_line_is_one_line_error_and_leaves_nothing(runs, tmp_path):
+    """One of the cases above end to end, as a user meets it: `python train.py` in a process of
+    its own, a relative path read from its working folder, and its exit status."""
+    result = run_train("fit", *tiny_args(runs), "--ckpt_path", "missing.ckpt", cwd=tmp_path)
+    assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert errors[-1].startswith("error: ") and message in errors[-1], result.stderr
+    assert errors[-1] == "error: checkpoint not found: missing.ckpt", result.stderr
     assert "Traceback" not in result.stderr and "usage:" not in result.stderr
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_attention_cli_errors_are_one_line(tmp_path):
     command = [
         "-m",
@@ -261,16 +281,14 @@ def test_attention_cli_errors_are_one_line(tmp_path):
 
 
 def test_unsafe_checkpoint_is_refused(tmp_path):
-    class Payload:
-        def __reduce__(self):
-            return (print, ("code from the checkpoint ran",))
-
     path = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {}, "x": Payload()}, path)
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "x": UnsafePayload(tmp_path / "marker")}, path)
     with pytest.raises(ValueError, match="refusing"):
         load_checkpoint(path)
+    assert not (tmp_path / "marker").exists()  # its code never ran
 
 
+@pytest.mark.slow
 def test_vit_train_command_exits_zero(runs, tmp_path):
     """The installed command wraps main() in sys.exit(): a finished run must exit 0."""
     script = Path(sys.executable).parent / "vit-train"
@@ -282,6 +300,7 @@ def test_vit_train_command_exits_zero(runs, tmp_path):
     assert (runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_cnn_baseline_trains_from_the_same_cli(runs):
     cnn = ["--model", "CNNClassifier", "--model.receptive_field", "5", "--model.width", "8"]
     cli.main(["fit", *tiny_args(runs, *cnn, "--trainer.max_epochs", "1")])

@@ -77,6 +77,7 @@ def test_vit_eval_and_vit_attention_read_an_old_checkpoint(case, tmp_path):
         assert list(out.glob("*.png")), method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_vit_train_resumes_an_old_checkpoint(case, tmp_path):
     ckpt = FIXTURES / f"{case}.ckpt"

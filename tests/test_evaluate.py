@@ -7,7 +7,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import command_error
+from helpers import UnsafePayload, command_error
 from PIL import Image
 
 from vit import CNNClassifier, TwoCircles
@@ -136,13 +136,8 @@ def test_the_preparation_gives_what_the_model_sees(trained):
 
 def test_an_unsafe_checkpoint_is_refused_and_its_code_never_runs(tmp_path, capsys):
     marker = tmp_path / "marker"
-
-    class Payload:
-        def __reduce__(self):
-            return (open, (str(marker), "w"))  # unpickling it creates the marker file
-
     evil = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {}, "payload": Payload()}, evil)
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "payload": UnsafePayload(marker)}, evil)
     picture = tmp_path / "a.png"
     Image.new("L", (8, 8)).save(picture)
     for args in (["--ckpt", evil, "--out", tmp_path / "out"], ["predict", "--ckpt", evil, picture]):

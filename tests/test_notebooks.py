@@ -9,6 +9,8 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 SMALL = {"num_train": 512, "max_epochs": 1, "preset": "micro"}
 
+pytestmark = pytest.mark.slow  # each notebook trains a model
+
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):

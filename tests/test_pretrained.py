@@ -10,7 +10,7 @@ import json
 import pytest
 import timm
 import torch
-from helpers import command_error, write_image
+from helpers import UnsafePayload, command_error, write_image
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
@@ -53,6 +53,7 @@ def source_output(model, images):
         "vit_medium_patch16_gap_256",  # no class token, average pooling, final norm before it
     ],
 )
+@pytest.mark.slow
 def test_timm_models_give_the_same_outputs(tmp_path, name):
     source = timm.create_model(name, pretrained=False)
     weights = perturbed_weights(source, tmp_path / "weights.safetensors")
@@ -86,6 +87,7 @@ def test_a_pth_state_dict_loads_too_and_the_head_is_read_from_the_file(tmp_path)
         ("vit_base_patch16_rope_224", "is a Eva, not a VisionTransformer"),
     ],
 )
+@pytest.mark.slow
 def test_features_vit_cannot_express_are_refused_by_name(tmp_path, name, feature):
     weights = tmp_path / "w.safetensors"
     save_file(
@@ -106,6 +108,7 @@ def test_position_embeddings_are_resampled_as_timm_does(prefix, new_grid):
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_model_takes_another_image_size(tmp_path):
     """set_image_size resamples the positions: the model then equals timm's built for that size
     with the same weights (timm resamples them when it loads them into another size)."""
@@ -123,11 +126,7 @@ def test_a_model_takes_another_image_size(tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    class Payload:
-        def __reduce__(self):
-            return (open, (str(tmp_path / "marker"), "w"))
-
-    torch.save({"head.weight": Payload()}, tmp_path / "evil.pth")
+    torch.save({"head.weight": UnsafePayload(tmp_path / "marker")}, tmp_path / "evil.pth")
     (tmp_path / "notes.safetensors").write_text("not weights")
     small = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3)
     save_file(

@@ -82,6 +82,7 @@ def test_ours_with_stem_follows_the_cifar10_cpu_config():
     assert model.config.dim == TINY["dim"]  # the rest is the benchmark's
 
 
+@pytest.mark.slow
 def test_compile_compiles_every_system_and_counts_the_eager_flops():
     """`--compile`: each model trains through torch.compile, and its FLOPs are counted on the eager
     forward (the counter does not see inside compiled code), so they equal the uncompiled count."""

@@ -80,6 +80,7 @@ def test_the_schedule_spans_the_budget_and_the_last_validation_fits_in_it(clock,
     assert timed.rates[9] == pytest.approx(expected, rel=1e-5)  # step 9 ends at 12 s
 
 
+@pytest.mark.slow
 def test_patch_dropout_end_moves_the_share_of_dropped_patches_with_the_schedule(clock, tmp_path):
     """patch_dropout 0.75 -> patch_dropout_end 0.25 over the time budget: the first steps keep a
     quarter of the patches, the last ones three quarters, never fewer than the step before."""
@@ -107,6 +108,7 @@ def test_patch_dropout_end_moves_the_share_of_dropped_patches_with_the_schedule(
     assert set(kept) == {patches // 4}
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_schedule(clock, tmp_path):
     _, whole = fit(clock, tmp_path / "whole")
     saved = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=12, save_top_k=-1, save_last=False)
@@ -128,6 +130,7 @@ def test_a_resumed_run_continues_the_schedule(clock, tmp_path):
         assert rate == pytest.approx(whole.rates[step], rel=1e-6), step
 
 
+@pytest.mark.slow
 def test_max_epochs_minus_one_with_max_time_from_the_cli(runs):
     # 6 s: a validation that takes over 1.5 times the longest before it (a busy machine) ends
     # training at the budget mid-schedule; more validations measured make that less likely
