@@ -147,3 +147,17 @@ def test_max_epochs_minus_one_with_max_time_from_the_cli(runs):
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     last_lr = saved["lr_schedulers"][0]["_last_lr"]
     assert last_lr[-1] == pytest.approx(saved["hyper_parameters"]["lr"] * 0.01)  # ended at the budget
+
+
+def test_the_last_step_takes_the_floor_when_the_clock_moves_on_after_the_schedule(clock, tmp_path):
+    """The scheduler reads the clock for a step's learning rate before the end-of-step hooks, and
+    a real clock moves on in between: training must stop on the scheduler's reading, so that the
+    last step's rate is the floor, not a hair above it (a race a real-clock test lost now and then)."""
+
+    class Lag(Callback):  # time passing between the schedule's step and the module's hook
+        def on_train_batch_end(self, *args):
+            clock[0] += 0.9
+
+    trainer, timed = fit(clock, tmp_path, callbacks=[Lag()])
+    rates = [timed.rates[step] for step in sorted(timed.rates)]
+    assert rates[-1] == pytest.approx(LR * FLOOR)

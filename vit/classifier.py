@@ -105,6 +105,7 @@ class Classifier(L.LightningModule):
         # the longest validation and the last training step of this fit, in seconds: the room a
         # time budget keeps at its end
         self._seconds = {"validation": 0.0, "step": 0.0}
+        self._progress = 0.0  # of the schedule, as the learning rate of the last step read it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -158,6 +159,7 @@ class Classifier(L.LightningModule):
             by_time = training_timer(self.trainer).time_elapsed() / budget if budget else 1.0
             # with several processes, rank 0's clock sets every process's learning rate
             progress = max(progress, self.trainer.strategy.broadcast(by_time))
+        self._progress = progress
         return progress
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
@@ -170,10 +172,11 @@ class Classifier(L.LightningModule):
         )
         # The schedule's end: stop now, so that the last validation (which Lightning runs when
         # training stops early) and the checkpoints fit within --trainer.max_time.
-        budget = self.time_budget()
-        if budget is not None:  # with several processes, rank 0's clock decides for all (as Timer's)
-            ended = self.trainer.strategy.broadcast(training_timer(self.trainer).time_elapsed() >= budget)
-            self.trainer.should_stop = self.trainer.should_stop or ended
+        # Decided on the clock reading the scheduler took for this step's learning rate (before this
+        # hook; rank 0's, with several processes): a later reading could stop training one step
+        # short of the schedule's end, above its floor.
+        if self.time_budget() is not None:
+            self.trainer.should_stop = self.trainer.should_stop or self._progress >= 1
 
     def on_validation_end(self) -> None:
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:

@@ -36,12 +36,13 @@ from vit.layers import (
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
+    def __init__(self, config: ViTConfig):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
+        hidden = int(config.dim * config.mlp_ratio)
+        self.fc1 = nn.Linear(config.dim, hidden)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dim, dim)
-        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, config.dim)
+        self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
@@ -142,7 +143,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=eps)
         self.attn = (LocalityAttention if config.locality_attention else Attention)(config)
         self.norm2 = nn.LayerNorm(dim, eps=eps)
-        self.mlp = FeedForward(dim, int(dim * config.mlp_ratio), dropout=config.dropout)
+        self.mlp = FeedForward(config)
         self.drop_path = DropPath(drop_path)
         scale = config.layer_scale
         self.ls1 = nn.Identity() if scale is None else LayerScale(dim, scale)
