@@ -7,6 +7,7 @@ the CLI's `--model.vit.depth 4`), fine-tuning records it and `vit-export` writes
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
@@ -73,6 +74,16 @@ class ViTConfig:
     patch_dropout: float = 0.0  # share of patch tokens dropped at random in training
     fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax
 
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token, the distillation token, the registers."""
+        return int(self.class_token) + int(self.distilled) + self.num_registers
+
+    @property
+    def stem_stride(self) -> int:
+        """How much smaller the conv stem makes the image (1 without one)."""
+        return math.prod(self.conv_stem_strides or [2] * len(self.conv_stem or []))
+
     def to_dict(self) -> dict:
         """JSON-ready values (lists for tuples): checkpoints' hparams and export's config.json."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -131,27 +142,23 @@ class ViTConfig:
             require(
                 all(n >= 1 for n in c.conv_stem), f"conv_stem={list(c.conv_stem)} needs positive channels"
             )
-            stride = 1
-            for s in c.conv_stem_strides or [2] * len(c.conv_stem):
-                stride *= s
             require(
-                c.patch_size % stride == 0,
-                f"patch_size={c.patch_size} is not divisible by the stem's {stride}",
+                c.patch_size % c.stem_stride == 0,
+                f"patch_size={c.patch_size} is not divisible by the stem's {c.stem_stride}",
             )
             require(not c.shifted_patches, "conv_stem and shifted_patches do not combine")
-        prefix_tokens = int(c.class_token) + int(c.distilled) + c.num_registers
         if c.attn_window is not None:
             # the class token would carry global information, so it is cut off: a local model
             require(c.pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
             require(c.attn_window >= 0, f"attn_window={c.attn_window} must be >= 0")
             require(c.patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
             require(not c.locality_attention, "attn_window and locality_attention do not combine")
-            require(prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
+            require(c.num_prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
         if c.rel_pos_bias:
             require(c.attn_window is None, "rel_pos_bias and attn_window do not combine")
             require(c.patch_dropout == 0, "rel_pos_bias needs every patch (patch_dropout 0)")
             require(
-                prefix_tokens == int(c.class_token),
+                c.num_prefix_tokens == int(c.class_token),
                 "rel_pos_bias takes a class token at most (no distillation token, no registers)",
             )
         return c

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -145,7 +144,8 @@ class ConvStem(nn.Sequential):
     """A convolutional stem in front of the patch embedding (Xiao et al. 2021, "Early
     Convolutions Help Transformers See Better"): one 3x3 convolution per entry of `channels`,
     of stride 2 unless `strides` says otherwise, each followed by BatchNorm and ReLU, so the
-    image reaches the patchify step prod(strides) times smaller, with channels[-1] channels."""
+    image reaches the patchify step prod(strides) times smaller (`ViTConfig.stem_stride`), with
+    channels[-1] channels."""
 
     def __init__(self, in_channels: int, channels: list[int], strides: Sequence[int] | None = None):
         strides = strides or [2] * len(channels)
@@ -154,7 +154,6 @@ class ConvStem(nn.Sequential):
             layers += [nn.Conv2d(c_in, c_out, 3, stride=s, padding=1, bias=False), nn.BatchNorm2d(c_out)]
             layers.append(nn.ReLU(inplace=True))
         super().__init__(*layers)
-        self.stride = math.prod(strides)
 
 
 def drop_patches(x: torch.Tensor, num_prefix_tokens: int, rate: float) -> torch.Tensor:

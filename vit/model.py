@@ -184,7 +184,7 @@ class ViT(nn.Module):
         self.grid_size = (c.image_size[0] // c.patch_size, c.image_size[1] // c.patch_size)
         num_patches = self.grid_size[0] * self.grid_size[1]
         # prefix tokens, in this order: the class token, the distillation token, the registers
-        self.num_prefix_tokens = int(c.class_token) + int(c.distilled) + c.num_registers
+        self.num_prefix_tokens = c.num_prefix_tokens
         self.num_registers = c.num_registers
         self.pos_embed_prefix = 0 if c.no_embed_class else self.num_prefix_tokens  # rows before the patches'
         self.pool = c.pool
@@ -197,7 +197,7 @@ class ViT(nn.Module):
         self.stem = (
             ConvStem(c.in_channels, list(c.conv_stem), c.conv_stem_strides) if c.conv_stem else nn.Identity()
         )
-        token_patch = c.patch_size // getattr(self.stem, "stride", 1)
+        token_patch = c.patch_size // c.stem_stride
         channels = c.conv_stem[-1] if c.conv_stem else c.in_channels
         shift = max(c.patch_size // 2, 1) if c.shifted_patches else 0  # the paper's: half a patch
         self.patch_embed = PatchEmbed(

@@ -123,26 +123,18 @@ class ViTCLI(LightningCLI):
         for key in ("num_classes", "image_size", "in_channels"):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
 
-    def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
-        # Lightning reads --ckpt_path for its hyper-parameters next, before anything of ours runs:
-        # a truncated file or code to unpickle is one line here instead of its traceback
-        if (subcommand := self.config.get("subcommand")) is not None:
-            ckpt_path = self.config[subcommand].get("ckpt_path")
-            if ckpt_path not in (None, *SPECIAL_CKPT_PATHS) and Path(ckpt_path).is_file():
-                read_checkpoint(ckpt_path)
-                self._checked_ckpt_path = ckpt_path
-
     def _parse_ckpt_path(self) -> None:
-        """Lightning's, which applies a --ckpt_path's hyper-parameters to the config, with the
-        checkpoint read as `read_checkpoint` reads it: safely, and upgraded from older versions
-        (vit.compat), whose flat ViT options the parser would refuse."""
+        """Lightning's, which applies a --ckpt_path's hyper-parameters to the config right after
+        parsing, before anything else of ours runs, with the checkpoint read as `read_checkpoint`
+        reads it: a truncated file or code to unpickle is one line instead of a traceback, and
+        older versions are upgraded (vit.compat), whose flat ViT options the parser would refuse."""
         if not self.config.get("subcommand"):
             return
         ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if ckpt_path in (None, *SPECIAL_CKPT_PATHS) or not Path(ckpt_path).is_file():
             return
         hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters", {}))
+        self._checked_ckpt_path = ckpt_path
         hparams.pop("_instantiator", None)
         if not hparams:
             return
