@@ -7,7 +7,7 @@ from helpers import command_error
 from PIL import Image
 
 from vit import CNNClassifier
-from vit.commands.attention import attention, main, parser, spread_test_images
+from vit.commands.attention import attention, main, parser, patch, spread_test_images
 from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
 
 PNG = b"\x89PNG"
@@ -64,7 +64,8 @@ def test_methods_write_their_figures(trained, trained_checkpoint, tmp_path, caps
         summary = expected - {"per image"}
         expected = summary | per_image(next(iter(summary)).removesuffix(".png"), indices)
     assert pngs(tmp_path / "out") == expected
-    assert f"wrote {len(expected)} PNG files" in capsys.readouterr().out
+    files = "1 PNG file" if len(expected) == 1 else f"{len(expected)} PNG files"
+    assert f"wrote {files} into" in capsys.readouterr().out
 
 
 def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path):
@@ -97,6 +98,7 @@ def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path)
         (["--method", "query", "--query-patch", "4,0"], "patch (4, 0) is outside the 4x4 patch grid"),
         (["--method", "query"], "--method query needs --query-patch"),
         (["--query-patch", "1,1"], "--method query needs --query-patch"),
+        (["--method", "query", "--query-patch", "1,x"], "--query-patch '1,x' is not ROW,COLUMN"),
         (["--images", "missing.png"], "image not found: missing.png"),
         (["--target", "7"], "target=7 is not a class of this model"),
         (["--discard_ratio", "1.5"], "discard_ratio=1.5 must lie in [0, 1)"),
@@ -121,7 +123,7 @@ def test_shell_spellings_of_the_options():
         ["--ckpt", "x", "--query-patch", "1,2", "--plots", "--images", "a.png", "b", "--layer", "-1",
          "--num_images", "3", "--discard-ratio", "0.5"]
     )  # fmt: skip
-    assert options.query_patch == (1, 2) and options.plots is True and options.images == ["a.png", "b"]
+    assert patch(options.query_patch) == (1, 2) and options.plots is True and options.images == ["a.png", "b"]
     assert options.layer == -1 and options.num_images == 3 and options.discard_ratio == 0.5
 
 

@@ -92,7 +92,7 @@ def attention(
     method: str = "cls",
     layer: int | None = None,
     head: int | None = None,
-    query_patch: tuple[int, int] | None = None,
+    query_patch: tuple[int, int] | str | None = None,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     target: int | None = None,
@@ -119,6 +119,8 @@ def attention(
     from vit.preparation import image_files, read_images
 
     started = time.perf_counter()
+    if isinstance(query_patch, str):  # as given on the command line
+        query_patch = patch(query_patch)
     check_source(ckpt, model, weights)
     if model is not None and not images:
         raise UsageError("--model has no test set: give image files with --images")
@@ -184,7 +186,8 @@ def attention(
     for path in stale:
         path.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
-    print(f"wrote {len(written)} PNG files into {out} for {len(batch)} images in {seconds:.1f} s:")
+    files = f"{len(written)} PNG file{'s' * (len(written) != 1)}"
+    print(f"wrote {files} into {out} for {len(batch)} image{'s' * (len(batch) != 1)} in {seconds:.1f} s:")
     for path in written[:3]:
         print(f"  {path}")
     if len(written) > 3:
@@ -220,15 +223,13 @@ def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
     return figures
 
 
-def patch(text):
+def patch(text: str) -> tuple[int, int]:
     """ROW,COLUMN -> (row, column)."""
-    if isinstance(text, (list, tuple)):  # jsonargparse may have read "1,2" as a sequence already
-        text = ",".join(map(str, text))
-    row, _, column = str(text).partition(",")
+    row, _, column = text.partition(",")
     try:
         return int(row), int(column)
     except ValueError:
-        raise ValueError(f"{text!r} is not ROW,COLUMN") from None
+        raise UsageError(f"--query-patch {text!r} is not ROW,COLUMN (two integers: 3,0)") from None
 
 
 def parser() -> Parser:
@@ -275,7 +276,7 @@ def parser() -> Parser:
     add(
         "--query-patch",
         "--query_patch",
-        type=patch,
+        type=str,
         default=None,
         metavar="ROW,COLUMN",
         help="the patch whose attention --method query draws",

@@ -288,7 +288,12 @@ def evaluate_parser() -> Parser:
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
     parser.add_argument(
-        "--batch-size", type=int, default=None, metavar="N", help="images per batch; null: the data module's"
+        "--batch-size",
+        "--batch_size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images per batch; null: the data module's",
     )
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="folder for metrics.json and the plots; null: print only"
@@ -309,9 +314,13 @@ def predict_parser() -> Parser:
     )
     add_source_arguments(parser)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    parser.add_argument("--top-k", type=int, default=5, metavar="K", help="how many classes to list per file")
+    parser.add_argument(
+        "--top-k", "--top_k", type=int, default=5, metavar="K", help="how many classes to list per file"
+    )
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
-    parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="images per forward pass")
+    parser.add_argument(
+        "--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass"
+    )
     parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
     return parser
 

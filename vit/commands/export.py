@@ -36,7 +36,15 @@ def export(ckpt: str | Path, out: str | Path, onnx: bool = False) -> list[Path]:
 
 
 def parser() -> Parser:
-    parser = Parser(prog="vit-export", description=__doc__.split("\n\n")[0].removeprefix("`vit-export`: "))
+    parser = Parser(
+        prog="vit-export",
+        description=(
+            "Write a checkpoint's ViT as a folder of plain files: model.safetensors (the weights, no "
+            "pickle) and config.json (architecture, mean/std, preparation, class names), and with "
+            "--onnx model.onnx. vit-eval, vit-attention and vit.load_pretrained read it back (--model "
+            "FOLDER)."
+        ),
+    )
     parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint written by vit-train")
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="folder for model.safetensors and config.json"

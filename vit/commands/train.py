@@ -14,16 +14,22 @@ for vit-eval and vit-attention (`vit.commands.base`); a checkpoint given to --ck
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
+from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from vit.callbacks import ModelSummary, ProgressBar
 from vit.checkpoint import read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
@@ -31,6 +37,50 @@ from vit.errors import DataError, UsageError, one_line
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
+
+DESCRIPTION = (
+    "Train a ViT (or a CNN baseline) on a data module, or validate, test or predict with a "
+    "checkpoint: every option of the model, the data and Lightning's Trainer is a flag or a YAML "
+    "key (vit-train fit --config configs/two_circles.yaml)."
+)
+# One line each in `vit-train --help` (Lightning's are the first lines of the Trainer's
+# docstrings, cut mid-sentence: "... to make sure you never run on your").
+SUBCOMMANDS = {
+    "fit": "Train, validating after each epoch; checkpoints best.ckpt and last.ckpt.",
+    "validate": "One pass over the validation split (--ckpt_path: which weights).",
+    "test": "One pass over the test split (--ckpt_path: which weights).",
+    "predict": "Class probabilities for the predict split (--ckpt_path: which weights).",
+}
+
+# What Lightning prints that is not the user's business: an advertisement, a note on how it
+# counts the schedule's steps, and a deprecation inside Lightning (torch's LeafSpec).
+LIGHTNING_CHATTER = (
+    "💡 Tip:",
+    "Loading `train_dataloader` to estimate number of stepping batches",
+    "Trainer already configured with model summary callbacks",  # ours (vit.callbacks)
+)
+# the loggers of rank_zero_info: Fabric's, and Lightning's once lightning.pytorch is imported
+RANK_ZERO_LOGGERS = ("lightning.fabric.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero")
+LIGHTNING_WARNINGS = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+def not_chatter(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(LIGHTNING_CHATTER)
+
+
+@contextmanager
+def quiet_lightning():
+    """Leave out Lightning's `LIGHTNING_CHATTER` and `LIGHTNING_WARNINGS` while vit-train runs."""
+    loggers = [logging.getLogger(name) for name in RANK_ZERO_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(not_chatter)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=LIGHTNING_WARNINGS, category=FutureWarning)
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(not_chatter)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -91,6 +141,29 @@ def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | in
 
 
 class ViTCLI(LightningCLI):
+    def _add_subcommands(self, parser, **kwargs) -> None:
+        for name, text in SUBCOMMANDS.items():
+            kwargs.setdefault(name, {}).setdefault("description", text)
+        super()._add_subcommands(parser, **kwargs)
+        for action in parser._subcommands_action._choices_actions:
+            action.help = SUBCOMMANDS.get(action.dest, action.help)
+
+    def instantiate_trainer(self, **kwargs):
+        """Lightning's Trainer with our progress bar and model summary (`vit.callbacks`) in place of
+        its defaults, unless the config turns them off or names its own."""
+        config = self._get(self.config_init, "trainer", default={})
+        callbacks = config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        ours = {LightningProgressBar: ProgressBar, LightningModelSummary: ModelSummary}
+        switches = {
+            LightningProgressBar: "enable_progress_bar",
+            LightningModelSummary: "enable_model_summary",
+        }
+        for kind, callback in ours.items():
+            if config.get(switches[kind]) is not False and not any(isinstance(c, kind) for c in callbacks):
+                callbacks.append(callback())
+        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
@@ -205,6 +278,7 @@ def run(args: list[str] | None = None) -> ViTCLI:
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
         auto_configure_optimizers=False,
         parser_class=Parser,
+        parser_kwargs={"description": DESCRIPTION},
         args=args,
     )
 
@@ -223,7 +297,8 @@ def run_and_explain_mismatches(args: list[str] | None = None) -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    run_command(run_and_explain_mismatches, args)
+    with quiet_lightning():
+        run_command(run_and_explain_mismatches, args)
 
 
 if __name__ == "__main__":

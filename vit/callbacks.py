@@ -1,0 +1,75 @@
+"""vit-train's callbacks beside Lightning's: a progress bar and a model summary that say true
+things (the epoch under a time budget, the learning rate, the FLOPs of the network)."""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from vit.classifier import training_timer
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's bar, with an epoch count that means something: `Epoch 3/5` with an epoch
+    limit, `Epoch 17` without one (Lightning printed `Epoch 17/-2` for `max_epochs: -1`), and the
+    minutes left of a time budget at the epoch's start; the learning rate in scientific notation
+    (3 decimals showed 3e-05 as 0.000) and no `v_num` (the run's version, cut to its last 4
+    characters: `rain` for a run named `train`)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = f"Epoch {current_epoch}"
+        if (self.trainer.max_epochs or -1) > 0:
+            description += f"/{self.trainer.max_epochs - 1}"
+        timer = training_timer(self.trainer)
+        if timer is not None and (left := timer.time_remaining()) is not None:
+            description += f", {left / 60:.1f} min left"
+        # as wide as "Validation", so that the bar does not jump between the two
+        return f"{description:{len(self.validation_description)}}"
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return {k: f"{v:.2e}" if k.endswith("/lr") else v for k, v in metrics.items()}
+
+
+def forward_flops(network: torch.nn.Module, images: torch.Tensor) -> int:
+    """FLOPs of one forward pass of `images` in eval mode, counted as benchmarks/throughput.py
+    counts them: `torch.utils.flop_counter` with attention spelled out as matmuls (the counter
+    does not see the CPU's fused attention kernel). `.forward` runs a compiled network eagerly."""
+    training = network.training
+    network.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+            network.forward(images)
+    finally:
+        network.train(training)
+    return counter.get_total_flops()
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's summary with the real FLOPs of the network: Lightning counts them only for a
+    module with an `example_input_array`, and printed `Total FLOPs: 0` for every model here."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        hparams = pl_module.hparams
+        size = hparams.get("image_size")
+        self._flops = None
+        if size is not None and hparams.get("in_channels") is not None:
+            height, width = (size, size) if isinstance(size, int) else size
+            image = torch.zeros(1, hparams.in_channels, height, width, device=pl_module.device)
+            self._flops = forward_flops(pl_module.model, image)
+        super().on_fit_start(trainer, pl_module)
+
+    def summarize(self, summary_data, *args, total_flops: int, **kwargs) -> None:
+        if self._flops is None:  # a module of someone else's: Lightning's summary as it is
+            return super().summarize(summary_data, *args, total_flops=total_flops, **kwargs)
+        columns = dict(summary_data)
+        flops = [
+            get_human_readable_count(self._flops) if name == "model" else "0" for name in columns["Name"]
+        ]
+        summary_data = [(name, flops if name == "FLOPs" else values) for name, values in summary_data]
+        super().summarize(summary_data, *args, total_flops=self._flops, **kwargs)
+        print("FLOPs: one image's forward pass (a training step costs about 3 times that per image)")
