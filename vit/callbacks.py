@@ -1,10 +1,11 @@
 """vit-train's callbacks beside Lightning's: a progress bar and a model summary that say true
-things (the epoch under a time budget, the learning rate, the FLOPs of the network)."""
+things (the epoch under a time budget, the learning rate, the FLOPs of the network), and
+`EvidenceMass`, which follows where the model's maps look while it learns."""
 
 from __future__ import annotations
 
 import torch
-from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -73,3 +74,55 @@ class ModelSummary(RichModelSummary):
         summary_data = [(name, flops if name == "FLOPs" else values) for name, values in summary_data]
         super().summarize(summary_data, *args, total_flops=self._flops, **kwargs)
         print("FLOPs: one image's forward pass (a training step costs about 3 times that per image)")
+
+
+class EvidenceMass(Callback):
+    """After each validation of `fit`, the relevance mass (`vit.explanations.evidence_scores`) of
+    attention rollout and gradient rollout on the first `num_images` validation images: the
+    share of each map on the patches that carry the label, logged as
+    `val/evidence_mass_rollout` and `val/evidence_mass_grad_rollout` (metrics.csv), beside
+    `val/evidence_share` (what a map that knows nothing scores). Does the model look at the
+    evidence before, while or after it learns the task? Data without evidence (its data module's
+    `evidence` gives None): one line, nothing logged. On in configs/two_circles.yaml; elsewhere
+    `--trainer.callbacks+=vit.callbacks.EvidenceMass`."""
+
+    def __init__(self, num_images: int = 64, methods: tuple[str, ...] = ("rollout", "grad-rollout")):
+        if num_images < 1:
+            raise ValueError(f"EvidenceMass num_images={num_images} must be at least 1")
+        self.num_images, self.methods = num_images, methods
+        self._data = None  # (images, evidence patches), taken at the first validation
+        self._off = False
+
+    def _take_data(self, trainer, pl_module) -> None:
+        from vit.explanations import patch_evidence
+        from vit.model import ViT
+
+        datamodule, network = trainer.datamodule, getattr(pl_module, "model", None)
+        evidence = getattr(datamodule, "evidence", lambda name: None)("val")
+        if not isinstance(network, ViT) or evidence is None:
+            why = f"{type(datamodule).__name__} has no evidence" if evidence is None else "not a ViT"
+            print(f"EvidenceMass: nothing to log ({why})")
+            self._off = True
+            return
+        images = datamodule.split("val")[: self.num_images][0]
+        self._data = images, patch_evidence(network, evidence[: len(images)])
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._off:
+            return
+        if self._data is None:
+            self._take_data(trainer, pl_module)
+            if self._off:
+                return
+        from vit.explanations import evidence_scores, method_maps, model_outputs
+
+        images, evidence = self._data
+        network = pl_module.model
+        # validation runs under inference mode; gradient rollout needs gradients
+        with torch.inference_mode(False), torch.enable_grad():
+            predicted = model_outputs(network, images, len(images)).argmax(-1)
+            for method in self.methods:
+                maps = method_maps(network, images, method, predicted)
+                mass = evidence_scores(maps, evidence)["relevance_mass"].nanmean()
+                pl_module.log(f"val/evidence_mass_{method.replace('-', '_')}", mass.item())
+        pl_module.log("val/evidence_share", evidence.float().mean().item())

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder
+from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder, read_masks
 from vit.errors import DataError, DataNotFoundError, one_line, require
 from vit.preparation import Preparation, to_float
 
@@ -143,6 +143,13 @@ class InMemoryDataModule(L.LightningDataModule):
     def training_data(self) -> InMemory:
         """What the training loader shuffles: the train split."""
         return self.split("train")
+
+    def evidence(self, name: str) -> torch.Tensor | None:
+        """Which pixels of `split(name)` carry the label, where the data knows: (N, H, W) bool, in
+        the order of the split's images; None where it does not (the evidence figures of
+        `vit.explanations` are then left out). Two circles knows its circles; `ImageFolders`
+        reads optional masks."""
+        return None
 
     def setup(self, stage: str) -> None:
         wanted = {"fit": ("train", "val"), "validate": ("val",)}
@@ -402,6 +409,24 @@ class ImageFolders(ImageDataModule):
         if not (self.root / name).is_dir():
             raise DataNotFoundError(f"no {name} split: {self.root / name} does not exist")
         return read_image_folder(self.root, name, self.classes, self.preparation, self.on_bad_file)
+
+    def evidence(self, name: str) -> torch.Tensor | None:
+        """The masks `root/masks/<split>/<class>/<image's name>.png` of split `name` (white:
+        evidence), prepared as the images are: (N, H, W) bool; None without a masks folder. A
+        held-out validation split takes the masks of the training images it holds."""
+        require(name in ("train", "val", "test"), f"no split {name!r}; choose one of train, val, test")
+        folder = "train" if name == "val" and not self.has_val_split else name
+        if not (self.root / "masks" / folder).is_dir():
+            return None
+        masks = read_masks(self.root, folder, self.classes, self.preparation)
+        held_out = folder == "train" and not self.has_val_split  # train and val share the folder
+        images = len(self.split(folder).labels) + (len(self.split("val").labels) if held_out else 0)
+        if len(masks) != images:  # files skipped as unreadable (on_bad_file: skip)
+            raise DataError(f"{len(masks)} masks for {images} readable images in {self.root / folder}")
+        if held_out:
+            train, val = holdout(len(masks), self.val_size, self.seed)
+            return masks[train if name == "train" else val]
+        return masks
 
 
 class FashionMNIST(ImageDataModule):

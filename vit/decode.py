@@ -9,6 +9,7 @@ import os
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -138,6 +139,29 @@ def read_image_folder(
     if not len(cache["labels"]):
         raise DataError(f"no readable images in {folder}")
     return cache["images"], cache["labels"]
+
+
+def read_masks(root: Path, split: str, classes: list[str], preparation: Preparation) -> torch.Tensor:
+    """The evidence masks of `root/<split>/<class>/*`: `root/masks/<split>/<class>/<name>.png`
+    for each image file (its name with .png for its suffix), each of its image's size, prepared
+    as the image is (resized, cropped) and read white (> 127) as evidence: (N, H, W) bool."""
+    files, _, _ = list_images(root / split, classes)
+    gray = replace(preparation, channels=1)
+    masks = torch.empty(len(files), *preparation.size, dtype=torch.bool)
+    for i, file in enumerate(tqdm(files, desc=f"reading masks of {root / split}", unit="mask")):
+        relative = Path(file).relative_to(root / split)
+        mask_file = root / "masks" / split / relative.with_suffix(".png")
+        if not mask_file.is_file():
+            raise DataNotFoundError(f"no mask for {file}: expected {mask_file}")
+        try:
+            with Image.open(file) as image, Image.open(mask_file) as mask:
+                if mask.size != image.size:
+                    (w, h), (iw, ih) = mask.size, image.size
+                    raise DataError(f"mask {mask_file} is {w}x{h} pixels, its image {file} {iw}x{ih}")
+                masks[i] = gray.pixels(mask)[0] > 127
+        except BAD_IMAGE as e:
+            raise DataError(f"cannot read mask {mask_file} ({type(e).__name__}: {one_line(e)})") from e
+    return masks
 
 
 def read_idx(path: Path) -> torch.Tensor:

@@ -358,3 +358,110 @@ def reliability_figure(
     bottom.set_xlabel("confidence (highest probability)")
     bottom.set_ylabel("share of images")
     return fig
+
+
+# ------------------------------------------------------------------ the scores of vit.explanations
+
+METHOD_COLOURS = {
+    "attention": "tab:blue",
+    "rollout": "tab:orange",
+    "grad-rollout": "tab:green",
+    "input-gradient": "tab:purple",
+    "random": "grey",
+    "evidence": "black",
+}
+
+
+def perturbation_figure(results: dict, measure: str = "probability") -> Figure:
+    """Deletion and insertion curves of every method: `measure` (probability of the explained
+    class, or accuracy) against the share of patches replaced."""
+    fractions = np.array(results["counts"]) / results["patches"]
+    fig = Figure(figsize=(8.4, 3.6), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, curve, better in zip(axes, ("deletion", "insertion"), ("lower", "higher"), strict=True):
+        for method, curves in results["curves"].items():
+            auc = results["figures"][method][f"{curve}_auc_{measure}"]["mean"]
+            ax.plot(fractions, curves[f"{curve}/{measure}"], marker=".", color=METHOD_COLOURS.get(method),
+                    label=f"{method} ({auc:.3f})")  # fmt: skip
+        order = "most" if curve == "deletion" else "least"
+        ax.set_title(
+            f"{curve}: {order} relevant replaced first\n(area in brackets, {better} is better)", fontsize=9
+        )
+        ax.set_xlabel("share of patches replaced by the mean colour")
+        ax.set_xlim(0, 1)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("probability of the explained class" if measure == "probability" else "top-1 accuracy")
+    return fig
+
+
+def evidence_figure(results: dict) -> Figure:
+    """Relevance mass, rank accuracy and pointing game per method, with their intervals and the
+    share of patches that are evidence (what a map that knows nothing scores on average)."""
+    names = ("relevance_mass", "rank_accuracy", "pointing_game")
+    methods = [m for m in results["figures"] if "relevance_mass" in results["figures"][m]]
+    fig = Figure(figsize=(9.6, 3.4), layout="constrained")
+    for ax, name in zip(fig.subplots(1, 3, sharey=True), names, strict=True):
+        values = [results["figures"][m][name] for m in methods]
+        means = np.array([v["mean"] for v in values])
+        errors = np.array([[v["mean"] - v["low"], v["high"] - v["mean"]] for v in values]).T
+        ax.bar(
+            methods, means, yerr=errors, capsize=3, color=[METHOD_COLOURS.get(m, "tab:cyan") for m in methods]
+        )
+        ax.axhline(results["evidence_share"], color="red", linestyle="--", linewidth=1, label="chance")
+        ax.set_title(name.replace("_", " "), fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def randomisation_figure(results: dict) -> Figure:
+    """Rank correlation of each method's maps with the trained model's as the head and then the
+    blocks from the last down are re-initialised (Adebayo et al. 2018's cascading randomisation)."""
+    fig = Figure(figsize=(6.4, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for method, steps in results["randomisation"].items():
+        x = np.arange(len(steps) + 1)
+        means = [1.0] + [s["mean"] for s in steps]
+        low = [1.0] + [s["low"] for s in steps]
+        high = [1.0] + [s["high"] for s in steps]
+        ax.plot(x, means, marker="o", color=METHOD_COLOURS.get(method), label=method)
+        ax.fill_between(x, low, high, color=METHOD_COLOURS.get(method), alpha=0.2)
+    labels = ["trained"] + [s["step"] for s in next(iter(results["randomisation"].values()))]
+    ax.set_xticks(np.arange(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_ylabel("Spearman correlation with the trained maps")
+    ax.set_title("model-parameter randomisation: a map that explains the training falls", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def layers_heads_evidence_figure(results: dict, figure: str = "relevance_mass") -> Figure:
+    """`figure` per layer (rows) and head (columns) of the class token's and the evidence
+    patches' attention maps, against the share of patches that are evidence."""
+    maps = [k.split("/")[0] for k in results["layers_heads"] if k.endswith(figure)]
+    fig = Figure(figsize=(3.4 * len(maps) + 0.8, 3.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(maps)))
+    titles = {"cls": "class token", "query": "evidence patches to the other patches"}
+    for ax, name in zip(axes, maps, strict=True):
+        values = np.array(
+            [[h["mean"] for h in layer] for layer in results["layers_heads"][f"{name}/{figure}"]]
+        )
+        shown = ax.imshow(values, cmap="viridis", vmin=0, vmax=1)
+        for (row, col), v in np.ndenumerate(values):
+            ax.text(
+                col,
+                row,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if v < 0.6 else "black",
+            )
+        ax.set_xticks(range(values.shape[1]))
+        ax.set_yticks(range(values.shape[0]))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{figure.replace('_', ' ')}: {titles.get(name, name)}", fontsize=9)
+    fig.colorbar(shown, ax=axes, shrink=0.8, label=f"chance {results['evidence_share']:.2f}")
+    return fig

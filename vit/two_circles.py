@@ -215,6 +215,12 @@ class TwoCircles(InMemoryDataModule):
     def _own_name(self, name: str) -> str:
         return {"test": self.test_name, "iid": "test"}.get(name, name)
 
+    def evidence(self, name: str) -> torch.Tensor:
+        """The pixels the two circles ink in `split(name)`: (N, H, W) bool (any coverage at all,
+        as `circle_patch_masks` counts them): all that carries the label."""
+        hp = self.hparams
+        return circle_pixels(self.circle_centres(name), hp.image_size, hp.radius, hp.wrap).any(dim=1)
+
     def circle_centres(self, name: str) -> torch.Tensor:
         """The circle centres (n, 2, 2) as (x, y) pixels of the images of `split(name)`."""
         self.split(name)
@@ -225,6 +231,12 @@ class TwoCircles(InMemoryDataModule):
         return "test" if self.hparams.test_split == "iid" else self.hparams.test_split
 
 
+def circle_pixels(centres: torch.Tensor, image_size: int, radius: float, wrap: bool = True) -> torch.Tensor:
+    """The pixels each circle inks at all: (n, 2 circles, H, W) boolean, for centres (n, 2, 2)."""
+    dx, dy = pixel_offsets(centres, image_size, float(image_size) if wrap else None)
+    return (dx**2 + dy**2).sqrt() < radius + 0.5
+
+
 def circle_patch_masks(
     centres: torch.Tensor, image_size: int, radius: float, patch_size: int, wrap: bool = True
 ) -> torch.Tensor:
@@ -232,8 +244,7 @@ def circle_patch_masks(
 
     `centres` is (n, 2, 2) as returned by `make_two_circles` (x, y pixels).
     """
-    dx, dy = pixel_offsets(centres, image_size, float(image_size) if wrap else None)
-    inked = (dx**2 + dy**2).sqrt() < radius + 0.5  # (n, 2, H, W): any coverage at all
+    inked = circle_pixels(centres, image_size, radius, wrap)
     grid = image_size // patch_size
     patches = inked.reshape(*inked.shape[:2], grid, patch_size, grid, patch_size).any(dim=(3, 5))
     return patches.flatten(2)

@@ -242,6 +242,8 @@ def parser() -> Parser:
             "Checkpoints are read without unpickling code; --model draws a ViT of timm or "
             "Hugging Face (registers and other prefix tokens are reported, not drawn)."
         ),
+        epilog="To score every method's maps (deletion, insertion, evidence, sanity checks): "
+        "vit-attention score --help",
     )
     add = parser.add_argument
     add_source_arguments(parser)
@@ -317,6 +319,10 @@ def parser() -> Parser:
 
 def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else [str(a) for a in args]
+    if args[:1] == ["score"]:  # vit-attention score: how far each method's maps can be trusted
+        from vit.commands.score import main as score
+
+        return score(args[1:])
     options = vars(parser().parse_args(args))
     run_command(attention, **{key.replace("-", "_"): value for key, value in options.items()})
 

@@ -1,0 +1,208 @@
+"""`vit-attention score`: which map tells the truth? Every method's maps scored by deletion and
+insertion, against the evidence where the data knows it, and by sanity checks (`vit.explanations`).
+
+    vit-attention score --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/scores
+    vit-attention score --ckpt best.ckpt --methods rollout grad-rollout random --num_images 128
+    vit-attention score --model timm:deit_small_patch16_224 --weights deit.safetensors --images photos/
+
+Loads as `vit-attention` does; prints the tables; with `--out`, writes scores.json (protocol,
+settings, figures, curves) and the figures. Bad input is one line `error: ...` (exit 2 or 1),
+checked before anything is computed or written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
+from vit.errors import UsageError
+
+# The keys of `vit.explanations.METHODS`, here so that --help needs no torch (a test checks them).
+METHOD_NAMES = ("attention", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def cell(figure: dict) -> str:
+    return f"{figure['mean']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
+
+
+def table(results: dict) -> str:
+    """The figures of `vit.explanations.score` as text tables: perturbation, evidence, sanity."""
+    figures = results["figures"]
+    width = max(len(m) for m in figures) + 2
+    columns = [
+        ("deletion_auc_accuracy", "deletion, accuracy ↓"),
+        ("deletion_auc_probability", "deletion, probability ↓"),
+        ("insertion_auc_accuracy", "insertion, accuracy ↑"),
+        ("insertion_auc_probability", "insertion, probability ↑"),
+    ]
+    sections = [("area under the curve, patches replaced by the mean colour (mean [95% interval])", columns)]
+    if results["evidence_share"] is not None:
+        evidence = [("relevance_mass", "relevance mass ↑"), ("rank_accuracy", "rank accuracy ↑"),
+                    ("pointing_game", "pointing game ↑")]  # fmt: skip
+        share = results["evidence_share"]
+        sections.append(
+            (f"against the evidence ({share:.0%} of the patches: a map that knows nothing)", evidence)
+        )
+    lines = []
+    for title, cols in sections:
+        lines += ["", title, "method".ljust(width) + "".join(name.ljust(26) for _, name in cols)]
+        for method, found in figures.items():
+            if cols[0][0] in found:
+                lines.append(method.ljust(width) + "".join(cell(found[key]).ljust(26) for key, _ in cols))
+    if "randomisation" in results:
+        lines += ["", "sanity checks: Spearman rank correlation with the trained model's maps (1: unchanged)"]
+        lines.append("method".ljust(width) + "head random".ljust(26) + "all random".ljust(26)
+                     + "runner-up class".ljust(26))  # fmt: skip
+        for method, steps in results["randomisation"].items():
+            sensitivity = results["target_sensitivity"][method]
+            lines.append(method.ljust(width) + cell(steps[0]).ljust(26) + cell(steps[-1]).ljust(26)
+                         + cell(sensitivity).ljust(26))  # fmt: skip
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def score(
+    *,
+    ckpt: Path | None = None,
+    model: str | None = None,
+    weights: Path | None = None,
+    images: list[Path] | None = None,
+    num_images: int = 512,
+    methods: list[str] | None = None,
+    sanity: bool = True,
+    out: Path | None = None,
+    batch_size: int = 64,
+    device: str = "auto",
+    seed: int = 0,
+) -> dict:
+    """Score the maps of a checkpoint's ViT (or a `--model`'s) on test images or image files, print
+    the tables and, with `out`, write scores.json and the figures. Returns the results."""
+    import torch
+
+    from vit.checkpoint import check_source, load_checkpoint, load_network
+    from vit.commands.attention import spread_test_images
+    from vit.commands.eval import torch_device
+    from vit.explanations import METHODS, score
+    from vit.model import ViT
+    from vit.plot import (
+        evidence_figure,
+        layers_heads_evidence_figure,
+        perturbation_figure,
+        randomisation_figure,
+        save_all,
+    )
+    from vit.preparation import image_files, read_images
+
+    started = time.perf_counter()
+    check_source(ckpt, model, weights)
+    unknown = [m for m in methods or [] if m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    if num_images < 1 or batch_size < 1:
+        raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
+    if model is not None and not images:
+        raise UsageError("--model has no test set: give image files with --images")
+    check_out_folder(out)
+    device = torch_device(device)
+    evidence, labels, why = None, None, None
+    if images:
+        network, preparation = load_network(ckpt, model, weights)
+        batch = read_images(image_files(images), preparation)
+        what = f"{len(batch)} image files"
+        why = "image files given with --images carry no evidence"
+    else:
+        classifier, datamodule = load_checkpoint(ckpt)
+        if datamodule is None:
+            raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
+        datamodule.prepare_data()
+        network = classifier.model
+        batch, labels, indices = spread_test_images(datamodule, num_images)
+        pixels = datamodule.evidence("test")
+        what = f"{len(batch)} test images of {type(datamodule).__name__}"
+        if pixels is None:
+            why = f"{type(datamodule).__name__} does not know which pixels carry its labels"
+            if type(datamodule).__name__ == "ImageFolders":
+                why += f" (no masks in {datamodule.root}/masks/test/<class>/<image>.png)"
+        else:
+            evidence = pixels[indices]
+    if not isinstance(network, ViT):
+        raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
+    if methods and "evidence" in methods and evidence is None:
+        raise UsageError(f"--methods evidence needs data with evidence: {why}")
+    if not methods and network.cls_token is None:
+        methods = [m for m in METHODS if m != "attention" and (evidence is not None or m != "evidence")]
+    network.to(device)
+
+    from tqdm import tqdm
+
+    def progress(chunks):
+        return tqdm(chunks, desc="scoring", unit="batch")
+
+    results = score(network, batch, labels, evidence, methods, batch_size, seed, sanity, progress)
+    seconds = time.perf_counter() - started
+    grid = "x".join(map(str, network.grid_size))
+    results["settings"] = {
+        "source": str(ckpt or model),
+        "images": what,
+        "batch_size": batch_size,
+        "seed": seed,
+        "device": device,
+        "seconds": round(seconds, 2),
+        "torch": torch.__version__,
+    }
+    print(f"scored {what} ({grid} patches) in {seconds:.1f} s")
+    if why is not None:
+        print(f"no evidence figures: {why}")
+    print(table(results))
+    if out is not None:
+        files = {"scores.json": json.dumps(results, indent=1)}
+        files["perturbation.png"] = perturbation_figure(results)
+        files["perturbation_accuracy.png"] = perturbation_figure(results, "accuracy")
+        if evidence is not None:
+            files["evidence.png"] = evidence_figure(results)
+            files["layers_heads.png"] = layers_heads_evidence_figure(results)
+        if "randomisation" in results:
+            files["randomisation.png"] = randomisation_figure(results)
+        written = save_all(Path(out), files)
+        print(f"wrote {', '.join(p.name for p in written)} into {out}")
+    return results
+
+
+def parser() -> Parser:
+    parser = Parser(
+        prog="vit-attention score",
+        description=(
+            "Score every attention method's maps: deletion and insertion (patches replaced by the "
+            "mean colour, most or least relevant first), against the evidence where the data knows "
+            "it (relevance mass, rank accuracy, pointing game), and sanity checks (parameter "
+            "randomisation, target sensitivity), each with a 95% bootstrap interval over images."
+        ),
+    )
+    add = parser.add_argument
+    add_source_arguments(parser)
+    add("--images", nargs="+", default=None, metavar="PATH",
+        help="image files or folders of them; default: test images of the checkpoint's data set")  # fmt: skip
+    add("--num-images", "--num_images", type=int, default=512, metavar="N",
+        help="how many test images, spread over the test split")  # fmt: skip
+    add("--methods", nargs="+", default=None, metavar="METHOD",
+        help=f"default all: {', '.join(METHOD_NAMES)} (evidence where the data knows it)")  # fmt: skip
+    add("--no-sanity", "--no_sanity", action="store_true",
+        help="leave out the sanity checks (randomisation: a pass of every method per block)")  # fmt: skip
+    add(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder for scores.json and the figures; default: print only",
+    )
+    add("--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
+    add("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add("--seed", type=int, default=0, help="the random map, tie-breaking and re-initialisation")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
+    options["sanity"] = not options.pop("no_sanity")
+    run_command(score, **options)
