@@ -199,3 +199,43 @@ def test_finetune_study_smoke(tmp_path, capsys):
     ckpt = tmp_path / "out" / "finetune" / "run" / "checkpoints" / "last.ckpt"
     recorded = torch.load(ckpt, weights_only=True)
     assert recorded["hyper_parameters"]["pretrained"] == str(tmp_path / "out" / "pretrained")
+
+
+@pytest.mark.slow
+def test_explanations_benchmark_smoke(trained_checkpoint, tmp_path):
+    result = run_script("explanations.py", "speed", "--ckpt", str(trained_checkpoint), "--images", "8",
+                        "--timm-images", "0")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "demo model, 8 test images, all 6 methods, deletion and insertion, sanity checks:" in result.stdout
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text(
+        "epoch,step,val/acc,val/evidence_mass_grad_rollout,val/evidence_mass_rollout,val/evidence_share\n"
+        "0,10,0.25,0.33,0.34,0.33\n1,20,0.9,0.36,0.41,0.33\n"
+    )
+    result = run_script("explanations.py", "training", str(metrics), "--out", str(tmp_path / "curve.png"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "step 20: val/acc 0.900, rollout 0.410, grad-rollout 0.360, chance 0.330" in result.stdout
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_passes_the_protocol_needs_are_the_passes_it_makes(trained):
+    """benchmarks/explanations.py divides the time of `score` by the forward passes it needs: count
+    the images that go through the model (a gradient map adds one backward pass, counted as 2)."""
+    from benchmarks.explanations import passes_needed
+    from vit.explanations import score
+
+    classifier, data = trained
+    model = classifier.model
+    images = data.split("test")[:8][0]
+    seen = []
+    handle = model.register_forward_hook(lambda module, args, out: seen.append(len(args[0])))
+    methods = ["attention", "rollout", "grad-rollout", "input-gradient", "random"]
+    try:
+        for sanity in (False, True):
+            seen.clear()
+            score(model, images, methods=methods, batch_size=8, sanity=sanity)
+            gradients = 2 * (1 + sanity * (len(model.blocks) + 2))  # grad-rollout and input-gradient
+            needed = passes_needed(methods, 16, len(model.blocks), sanity)
+            assert sum(seen) / len(images) == needed - 2 * gradients
+    finally:
+        handle.remove()
