@@ -19,7 +19,7 @@ import torch
 from helpers import ROOT, command_error
 
 import vit
-from vit.attention_maps import attention_rollout, attention_weights, gradient_rollout
+from vit.attention_maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
 from vit.commands.attention import main, spread_test_images
 from vit.errors import UsageError
 from vit.explorer import Explorer, explore, quantise
@@ -39,16 +39,19 @@ def decoded(data: dict, b: int) -> dict[str, np.ndarray]:
     m = data["model"]
     L, H, T = m["layers"], m["heads"], m["tokens"]
     shapes = {"attention": (L, H), "rollout": (L,), "grad-rollout": (len(data["images"][b]["top"]),)}
-    raw = zlib.decompress(base64.b64decode(data["images"][b]["data"]))
+    raw = zlib.decompress(base64.b85decode(data["images"][b]["data"]))
     sizes = {kind: int(np.prod(shape)) * T for kind, shape in shapes.items()}
-    scales, offset = {}, 0
-    for kind, size in sizes.items():
-        scales[kind] = np.frombuffer(raw, "<f4", size, offset).reshape(*shapes[kind], T)
-        offset += 4 * size
+    floats, offset = {}, 0
+    for part in ("scales", "diagonals"):
+        for kind, size in sizes.items():
+            floats[part, kind] = np.frombuffer(raw, "<f4", size, offset).reshape(*shapes[kind], T)
+            offset += 4 * size
     out = {}
     for kind, size in sizes.items():
         codes = np.frombuffer(raw, np.uint8, size * T, offset).reshape(*shapes[kind], T, T)
-        out[kind] = codes * scales[kind][..., None]
+        out[kind] = (
+            codes * floats["scales", kind][..., None] + np.eye(T) * floats["diagonals", kind][..., None]
+        )
         offset += size * T
     assert offset == len(raw)
     return out
@@ -70,7 +73,7 @@ def test_the_page_holds_every_layer_and_head_within_the_error_it_states(trained)
         assert np.abs(rows["rollout"][-1] - last).max() <= errors["rollout"] + 1e-7
     # self-contained: no address anywhere, images inline, no external script or style
     assert not re.search(r"https?:|<link|src=\"(?!data:)", page.html)
-    assert all(image["src"].startswith("data:image/png;base64,") for image in held["images"])
+    assert all(image["src"].startswith("data:image/png;base64,") for image in held["images"])  # gray: PNG
     assert [image["caption"] for image in held["images"]] == ["a", "b", "c"]
     assert held["model"] == {
         "layers": 2, "heads": 2, "grid": [4, 4], "patch": 8, "tokens": 17, "prefix": ["class token"],
@@ -79,12 +82,17 @@ def test_the_page_holds_every_layer_and_head_within_the_error_it_states(trained)
 
 
 def test_rows_quantised_to_8_bits_are_off_by_at_most_half_a_step():
-    rows = torch.rand(5, 7, 33).softmax(-1) * torch.rand(5, 7, 1) * 3
-    codes, scales, error = quantise(rows)
-    restored = codes * scales[..., None]
-    assert codes.dtype == np.uint8 and codes.max() == 255 and scales.dtype == np.float32
-    assert np.abs(restored - rows.numpy()).max() == pytest.approx(error, abs=1e-7)
-    assert (np.abs(restored - rows.numpy()) <= scales[..., None] / 2 + 1e-7).all()
+    matrices = torch.rand(5, 7, 33, 33).softmax(-1) * torch.rand(5, 7, 1, 1) * 3
+    matrices = matrices + 100 * torch.eye(33)  # a rollout's identity: it must not swamp the rest
+    codes, scales, diagonals, error = quantise(matrices)
+    restored = codes * scales[..., None] + np.eye(33) * diagonals[..., None]
+    assert codes.dtype == np.uint8 and codes.max() == 255 and scales.dtype == diagonals.dtype == np.float32
+    assert np.abs(restored - matrices.numpy()).max() == pytest.approx(error, abs=1e-5)
+    rest = matrices.numpy() * (1 - np.eye(33))  # off the diagonal: within half a step of their own
+    assert (np.abs(restored - matrices.numpy()) <= scales[..., None] / 2 + 1e-6).all()
+    assert np.allclose(scales, rest.max(-1) / 255) and np.allclose(
+        diagonals, np.diagonal(matrices, 0, -2, -1)
+    )
 
 
 def test_save_and_jupyter(trained, tmp_path):
@@ -158,9 +166,10 @@ def test_bad_input_is_one_line_and_writes_nothing(
 
 
 @contextmanager
-def opened(browser, path: Path, size=(1280, 900)):
-    """The page at `path` from a file URL, ready; every request off this machine is blocked and
-    fails the test, as does any console error."""
+def opened(browser, path: Path, size=(1280, 900), inline: bool = False):
+    """The page at `path` from a file URL, ready (`inline`: the page in its iframe, as Jupyter
+    shows it); every request off this machine is blocked and fails the test, as does any console
+    error."""
     context = browser.new_context(viewport={"width": size[0], "height": size[1]})
     blocked, errors = [], []
 
@@ -176,7 +185,10 @@ def opened(browser, path: Path, size=(1280, 900)):
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(path.resolve().as_uri())
-    page.wait_for_selector("body[data-ready=true]", timeout=10_000)
+    if inline:
+        page.frame_locator("iframe").locator("body[data-ready=true]").wait_for(timeout=10_000)
+    else:
+        page.wait_for_selector("body[data-ready=true]", timeout=10_000)
     try:
         yield page
     finally:
@@ -308,6 +320,48 @@ def test_the_keyboard_and_the_mouse_move_the_query(browser, command_page):
         assert query() == 1 + 2 * 4 + 3  # hovering previews ...
         page.mouse.move(0, 0)
         assert query() == 1 + 1 * 4  # ... and leaving goes back to the clicked patch
+
+
+def test_the_page_reads_base85_as_python_writes_it(browser):
+    """Every length of the last group (0 to 3 bytes), and the largest values."""
+    template = (Path(vit.__file__).parent / "explorer.html").read_text(encoding="utf-8")
+    decoder = template[template.index("  const B85 =") : template.index("  const LUT = {};")]
+    page = browser.new_page()
+    page.evaluate(f"() => {{ window.bytes85 = (() => {{ {decoder} return bytes85; }})(); }}")
+    for data in [bytes(range(n)) for n in range(9)] + [b"\xff" * 11, bytes(range(256))]:
+        text = base64.b85encode(data).decode("ascii")
+        assert bytes(page.evaluate("text => Array.from(window.bytes85(text))", text)) == data
+    page.close()
+
+
+def test_jupyter_shows_the_page_inline(browser, trained, tmp_path):
+    model, data = trained[0].model, trained[1]
+    cell = tmp_path / "cell.html"  # a notebook's output cell holds what _repr_html_ returns
+    cell.write_text(f"<html><body>{explore(model, data.split('test')[:2][0])._repr_html_()}</body></html>")
+    with opened(browser, cell, inline=True) as page:
+        frame = page.frame_locator("iframe")
+        assert frame.locator("#grid canvas.map").count() == 2 * (1 + 2)  # layers x (mean + heads)
+        assert frame.locator("#title").inner_text() == "Where a ViT looks"
+
+
+def test_a_model_without_class_token_or_head(browser, tmp_path):
+    """timm's `*_reg4_gap_*` models: registers, no class token, the head reads the patches' mean;
+    here without a head, as DINO-style backbones come: no class to explain."""
+    torch.manual_seed(0)
+    model = ViT(preset="micro", num_classes=0, image_size=16, patch_size=4, class_token=False, pool="mean",
+                num_registers=2, fc_norm=True)  # fmt: skip
+    images = torch.rand(2, 3, 16, 16)
+    path = explore(model.eval(), images).save(tmp_path / "gap.html")
+    with opened(browser, path) as page:
+        names = page.locator("#tokens button").all_inner_texts()
+        assert names == ["register 0", "register 1", "mean of the patches (what the head reads)"]
+        assert page.evaluate("document.body.dataset.query") == "-1"  # it opens on what the head reads
+        assert page.evaluate("document.body.dataset.view") == "rollout"
+        assert page.locator("input[name=view][value=grad-rollout]").is_disabled()
+        rollout = attention_rollout(attention_weights(model, images)[:, :1], num_prefix_tokens=2)
+        error = page_json(path.read_text(encoding="utf-8"))["quantisation"]["max_error"]["rollout"]
+        expected = pooled_maps(model, rollout)[0].flatten().numpy()  # the rows the head reads: their mean
+        assert np.abs(shown(page, "#large") - expected).max() <= error + 1e-6
 
 
 def test_scores_are_shown_when_given(browser, trained, tmp_path):

@@ -13,8 +13,9 @@ only reads rows out of the matrices, averages heads (and, for a `pool: mean` mod
 rows the head reads) and draws.
 
 Size: the weights go into the page as 8-bit codes, one scale per row (value = code x row max /
-255), compressed with zlib and base64-encoded; the browser inflates them with its own
-`DecompressionStream`. The page states the largest error the codes introduce.
+255; each token's weight on itself, the diagonal, as a float), compressed with zlib and written
+in base85 (5 characters for 4 bytes, where base64 takes 5.33); the browser inflates them with
+its own `DecompressionStream`. The page states the largest error the codes introduce.
 """
 
 from __future__ import annotations
@@ -62,24 +63,36 @@ def prefix_names(model: ViT) -> list[str]:
     return names
 
 
-def quantise(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, float]:
-    """Non-negative rows (..., T) as 8-bit codes and one float32 scale per row (the row's max over
-    255): value ~ code * scale, off by at most half the row's scale. Returns the codes, the scales
-    (...) and the largest error they make on these rows."""
-    rows = rows.float().clamp_min(0)
-    scale = (rows.amax(dim=-1, keepdim=True) / LEVELS).clamp_min(1e-30)
-    codes = (rows / scale).round().clamp(0, LEVELS).to(torch.uint8)
-    error = float((codes.float() * scale - rows).abs().max()) if rows.numel() else 0.0
-    return codes.numpy(), scale[..., 0].numpy().astype("<f4"), error
+def quantise(matrices: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Non-negative matrices (..., T, T), row by row: each row's diagonal entry (a token's weight
+    on itself, which the identity of a rollout inflates) kept as a float32, the rest as 8-bit
+    codes with one float32 scale per row (the largest of them over 255), so a row's small weights
+    are not lost under a large diagonal. A value is off by at most half its row's scale. Returns
+    the codes (..., T, T), the scales (..., T), the diagonals (..., T) and the largest error."""
+    matrices = matrices.float().clamp_min(0)
+    eye = torch.eye(matrices.shape[-1], dtype=torch.bool)
+    diagonal = matrices.diagonal(dim1=-2, dim2=-1)
+    rest = matrices.masked_fill(eye, 0.0)
+    scale = (rest.amax(dim=-1, keepdim=True) / LEVELS).clamp_min(1e-30)
+    codes = (rest / scale).round().clamp(0, LEVELS).to(torch.uint8)
+    restored = (codes.float() * scale).masked_fill(eye, 0.0) + torch.diag_embed(diagonal)
+    error = float((restored - matrices).abs().max()) if matrices.numel() else 0.0
+    as_float32 = lambda t: t.numpy().astype("<f4")  # noqa: E731
+    return codes.masked_fill(eye, 0).numpy(), as_float32(scale[..., 0]), as_float32(diagonal), error
 
 
-def png_data_uri(image: torch.Tensor) -> str:
-    """An image (C, H, W) in [0, 1] as a PNG data URI."""
+def image_data_uri(image: torch.Tensor) -> str:
+    """An image (C, H, W) in [0, 1] as a data URI: PNG, or JPEG (quality 90) where that is smaller,
+    as it is for photographs: the page only draws it under the maps."""
     pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     picture = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
-    buffer = io.BytesIO()
-    picture.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    encoded = {}
+    for kind, options in (("png", {}), ("jpeg", {"quality": 90})):
+        buffer = io.BytesIO()
+        picture.save(buffer, format=kind.upper(), **options)
+        encoded[kind] = buffer.getvalue()
+    kind = min(encoded, key=lambda k: len(encoded[k]))
+    return f"data:image/{kind};base64," + base64.b64encode(encoded[kind]).decode("ascii")
 
 
 def colormap_tables() -> dict[str, str]:
@@ -122,7 +135,7 @@ def explore(
     images: torch.Tensor,
     captions: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
-    method: str = "cls",
+    method: str | None = None,
     query_patch: tuple[int, int] | None = None,
     layer: int | None = None,
     head: int | None = None,
@@ -137,7 +150,8 @@ def explore(
 
     `method`, `query_patch`, `layer` and `head` choose the view it opens on (as `vit-attention`'s
     options: cls or query for attention, rollout, grad-rollout; default the class token, the last
-    layer, the mean of its heads); the page switches between them. `head_fusion` and
+    layer, the mean of its heads); the page switches between them. A model without a class
+    token (`pool: mean`) opens on the mean of the patch rows, what its head reads. `head_fusion` and
     `discard_ratio` are the rollout's (`attention_rollout`); the gradient-weighted rollout is
     computed for each image's `top_k` classes. `captions` label the images, `class_names` the
     classes. `scores` (method -> {measure: value}) are shown as a table when given.
@@ -146,6 +160,8 @@ def explore(
         raise UsageError(f"explore takes a vit.ViT, not a {type(model).__name__}")
     if images.ndim != 4 or len(images) == 0:
         raise UsageError(f"explore takes a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
+    if method is None:  # the class token's attention, or (none) the head's input's
+        method = "cls" if model.cls_token is not None else "rollout"
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if (method == "query") != (query_patch is not None):
@@ -164,8 +180,10 @@ def explore(
     prefix = model.num_prefix_tokens
     if query_patch is not None:
         start_query = patch_token(model, query_patch)
-    else:  # the class token, else (no prefix token) the centre patch
-        start_query = 0 if prefix else prefix + (model.grid_size[0] // 2) * model.grid_size[1]
+    elif model.cls_token is not None:
+        start_query = 0
+    else:  # -1: the mean of the patch rows, what a `pool: mean` head reads; else the centre patch
+        start_query = -1 if model.pool == "mean" else patch_token(model, (model.grid_size[0] // 2, 0))
 
     weights, logits = attention_weights(model, images, batch_size=batch_size, return_logits=True)
     # the rollout through layers 0 to l, for every l: (layers, B, T, T)
@@ -195,20 +213,21 @@ def explore(
             "rollout": rollouts[:, b],  # (L, T, T)
             "grad-rollout": relevance[b],  # (K, T, T)
         }
-        scales, codes = [], []
-        for kind, rows in parts.items():
-            c, s, error = quantise(rows)
+        scales, diagonals, codes = [], [], []
+        for kind, matrices in parts.items():
+            c, s, d, error = quantise(matrices)
             errors[kind] = max(errors[kind], error)
             scales.append(s.tobytes())
+            diagonals.append(d.tobytes())
             codes.append(c.tobytes())
-        blob = zlib.compress(b"".join(scales + codes), 6)  # scales first: float32, aligned
+        blob = zlib.compress(b"".join(scales + diagonals + codes), 6)  # float32s first: aligned
         entry = {
             "caption": captions[b] if captions is not None else f"image {b}",
-            "src": png_data_uri(images[b].cpu()),
+            "src": image_data_uri(images[b].cpu()),
             "top": [] if top is None else [
                 [int(i), round(float(p), 4)] for i, p in zip(top.indices[b], top.values[b], strict=True)
             ],
-            "data": base64.b64encode(blob).decode("ascii"),
+            "data": base64.b85encode(blob).decode("ascii"),  # 5 characters for 4 bytes
         }  # fmt: skip
         pages.append(entry)
 
@@ -225,7 +244,8 @@ def explore(
         },
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio},
         "quantisation": {
-            "scheme": "8-bit codes per row, each row with its scale (value = code x row max / 255)",
+            "scheme": "8-bit codes per row, each row with its scale (value = code x row max / 255; "
+            "a token's weight on itself as a float)",
             "max_error": errors,
         },
         "classes": names,

@@ -4,6 +4,7 @@
     vit-attention --ckpt best.ckpt --method query --query-patch 1,2 --layer -1
     vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
     vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
+    vit-attention --ckpt best.ckpt --html            # one page: every layer, head, query and method
 
 The maps come from `vit.attention_maps.explain`; this command loads, draws and saves. Image files need
 only the checkpoint (its `Preparation`: no data module is built) or a model of another library
