@@ -250,6 +250,11 @@ def test_a_clicked_patch_shows_its_attention_in_every_layer_and_head(browser, tr
         centres = np.array(large.evaluate(red)).reshape(360, 360)[45::90, 45::90].flatten()  # one per patch
         expected = weights[1, 2, :, token, 1:].mean(0).numpy()
         assert np.abs(centres - 255 * expected / expected.max()).max() <= 1 + 2 * 255 * error / expected.max()
+        page.select_option("#scale", "all")  # one colour scale for every map
+        tops = [float(m) for m in page.locator("canvas.map").evaluate_all("cs => cs.map(c => c.dataset.max)")]
+        assert len(set(tops)) == 1 and tops[0] == pytest.approx(
+            weights[:, 2, :, token, 1:].max().item(), abs=error
+        )
         # a small multiple clicked becomes the large view
         page.locator("#grid canvas[data-layer='0'][data-head='1']").click()
         assert np.abs(shown(page, "#large") - weights[0, 2, 1, token, 1:].numpy()).max() <= error + 1e-6
@@ -271,7 +276,12 @@ def test_rollout_and_gradient_rollout_are_the_library_s(browser, trained, comman
             assert np.abs(drawn - rollout).max() <= error["rollout"] + 1e-6
         click_patch(page, 3, 0)
         last = attention_rollout(weights[:, 1:2])[0, 1 + 12, 1:].numpy()
-        assert np.abs(shown(page, "#large") - last).max() <= error["rollout"] + 1e-6
+        drawn = shown(page, "#large")
+        assert np.abs(drawn - last).max() <= error["rollout"] + 1e-6
+        # the top of its colour scale: the largest value but the query's own (the identity's)
+        assert float(page.locator("#large").get_attribute("data-max")) == pytest.approx(
+            np.delete(drawn, 12).max()
+        )
         # the second of the top classes, with its probability
         top = held["images"][1]["top"]
         label = page.locator("#classes label").nth(1)
@@ -367,10 +377,12 @@ def test_a_model_without_class_token_or_head(browser, tmp_path):
 def test_scores_are_shown_when_given(browser, trained, tmp_path):
     model, data = trained[0].model, trained[1]
     images = data.split("test")[:1][0]
-    plain = explore(model, images).save(tmp_path / "plain.html")
+    caption = "</script><!-- <script> a & b"  # neither ends the page's data early
+    plain = explore(model, images, captions=[caption]).save(tmp_path / "plain.html")
     scored = explore(model, images, scores={"rollout": {"deletion AUC": 0.21}}).save(tmp_path / "scored.html")
     with opened(browser, plain) as page:
         assert page.locator("#scores").is_hidden()
+        assert page.locator("#images button").inner_text() == caption
     with opened(browser, scored) as page:
         assert (
             page.locator("#scores table").inner_text().split() == "method deletion AUC rollout 0.21".split()

@@ -12,8 +12,8 @@ and head; arrow keys move it. Everything is computed here with `vit.attention_ma
 only reads rows out of the matrices, averages heads (and, for a `pool: mean` model, the patch
 rows the head reads) and draws.
 
-Size: the weights go into the page as 8-bit codes, one scale per row (value = code x row max /
-255; each token's weight on itself, the diagonal, as a float), compressed with zlib and written
+Size: the weights go into the page as 8-bit codes, one scale per row (value = code x the row's
+largest / 255; each token's weight on itself, the diagonal, as a float), compressed with zlib and written
 in base85 (5 characters for 4 bytes, where base64 takes 5.33); the browser inflates them with
 its own `DecompressionStream`. The page states the largest error the codes introduce.
 """
@@ -183,7 +183,8 @@ def explore(
     elif model.cls_token is not None:
         start_query = 0
     else:  # -1: the mean of the patch rows, what a `pool: mean` head reads; else the centre patch
-        start_query = -1 if model.pool == "mean" else patch_token(model, (model.grid_size[0] // 2, 0))
+        centre = (model.grid_size[0] // 2, model.grid_size[1] // 2)
+        start_query = -1 if model.pool == "mean" else patch_token(model, centre)
 
     weights, logits = attention_weights(model, images, batch_size=batch_size, return_logits=True)
     # the rollout through layers 0 to l, for every l: (layers, B, T, T)
@@ -206,7 +207,7 @@ def explore(
         top, relevance = None, torch.zeros(len(images), 0, weights.shape[-1], weights.shape[-1])
 
     errors = {"attention": 0.0, "rollout": 0.0, "grad-rollout": 0.0}
-    pages = []
+    entries = []  # per image
     for b in range(len(images)):
         parts = {  # kind -> rows (..., T, T), in the order the page reads them
             "attention": weights[:, b],  # (L, H, T, T)
@@ -229,7 +230,7 @@ def explore(
             ],
             "data": base64.b85encode(blob).decode("ascii"),  # 5 characters for 4 bytes
         }  # fmt: skip
-        pages.append(entry)
+        entries.append(entry)
 
     data = {
         "title": title,
@@ -244,12 +245,12 @@ def explore(
         },
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio},
         "quantisation": {
-            "scheme": "8-bit codes per row, each row with its scale (value = code x row max / 255; "
-            "a token's weight on itself as a float)",
+            "scheme": "8-bit codes per row with the row's scale (value = code x the row's largest / 255), "
+            "a token's weight on itself as a float",
             "max_error": errors,
         },
         "classes": names,
-        "images": pages,
+        "images": entries,
         "start": {
             "view": VIEWS[method],
             "query": start_query,
@@ -260,6 +261,6 @@ def explore(
         "scores": scores,  # "Which map tells the truth?": per-method scores, when measured
     }
     template = files("vit").joinpath("explorer.html").read_text(encoding="utf-8")
-    # inside <script type="application/json">: only "</" could end it early
-    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    # inside <script type="application/json">, "</" would end it and "<!--" change how it ends
+    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\u0021--")
     return Explorer(data, template.replace(PLACEHOLDER, text))
