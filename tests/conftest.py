@@ -58,3 +58,36 @@ def trained_checkpoint(trained, tmp_path_factory) -> Path:
         path,
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of a Chromium that Playwright can drive (Debian's: `apt-get install chromium`;
+    Playwright's own browser download is not needed). Without one, the tests that use it skip
+    with one line naming what to install; on CI (CI set) they fail instead."""
+    import importlib.util
+    import os
+    import shutil
+
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    missing = [
+        *([] if importlib.util.find_spec("playwright") else ["playwright (pip install playwright)"]),
+        *([] if Path(path).is_file() else ["chromium (apt-get install chromium)"]),
+    ]
+    if missing:
+        message = f"no browser for the page tests: install {' and '.join(missing)}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def browser(chromium):
+    """A headless Chromium, driven by Playwright, for the whole session."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        yield browser
+        browser.close()

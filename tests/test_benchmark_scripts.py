@@ -239,3 +239,17 @@ def test_the_passes_the_protocol_needs_are_the_passes_it_makes(trained):
             assert sum(seen) / len(images) == needed - 2 * gradients
     finally:
         handle.remove()
+
+
+def test_explore_page_benchmark_smoke(trained_checkpoint, chromium, tmp_path):
+    """Both models' pages written, opened in Chromium and redrawn; one row each."""
+    tiny = ["--num-images", "2", "--timm", "vit_tiny_patch16_224", "--timm-images", "1", "--queries", "2"]
+    options = ["--ckpt", str(trained_checkpoint), *tiny, "--chromium", chromium, "--out", str(tmp_path)]
+    result = run_script("explore_page.py", *options)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.startswith(("checkpoint", "timm"))]
+    rows = {words[1]: words for words in lines}
+    assert rows["tiny.ckpt"][2:4] == ["2", "17"] and rows["vit_tiny_patch16_224"][2:4] == ["1", "197"]
+    megabytes = float(rows["vit_tiny_patch16_224"][4])  # 12 layers x 3 heads x 197 x 197 bytes, deflated
+    assert 0 < megabytes < 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_ckpt.html", "vit_tiny_patch16_224.html"]

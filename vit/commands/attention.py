@@ -4,6 +4,7 @@
     vit-attention --ckpt best.ckpt --method query --query-patch 1,2 --layer -1
     vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
     vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
+    vit-attention --ckpt best.ckpt --html            # one page: every layer, head, query and method
 
 The maps come from `vit.attention_maps.explain`; this command loads, draws and saves. Image files need
 only the checkpoint (its `Preparation`: no data module is built) or a model of another library
@@ -100,6 +101,7 @@ def attention(
     out: Path = Path("attention"),
     batch_size: int = 64,
     threads: int | None = None,
+    html: str | Path | None = None,
 ) -> list[Path]:
     """Draw where a trained ViT looks, over image files or test images of its data set.
 
@@ -109,6 +111,10 @@ def attention(
     name) with a row per layer and a column per head. `plots` adds the ViT paper's Figure 7:
     mean_attention_distance.png, pos_embed_similarity.png and embedding_filters.png. The
     options are those of `vit.attention_maps.explain`, and `vit-attention --help` explains them.
+
+    `html` writes one self-contained page instead (`vit.explore`: every layer, head, query and
+    method, in a browser) to that file, or to `<out>/attention.html` when it is "" (a bare
+    --html); the method, query patch, layer and head choose the view it opens on.
     """
     import torch
 
@@ -126,6 +132,7 @@ def attention(
         raise UsageError("--model has no test set: give image files with --images")
     check_options(method, layer, head, query_patch, head_fusion, discard_ratio)
     check_out_folder(out)
+    page = None if html is None else page_path(html, out, plots, target)
     if num_images < 1 or batch_size < 1:
         raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
     if threads is not None:
@@ -151,6 +158,12 @@ def attention(
     else:
         batch, labels, indices = spread_test_images(datamodule, num_images)
         captions, tags = [f"test {i}" for i in indices], [f"test{i}" for i in indices]
+    if page is not None:
+        if labels is not None:
+            captions = [f"{c}, true {names[y]}" for c, y in zip(captions, labels.tolist(), strict=True)]
+        options = dict(method=method, query_patch=query_patch, layer=layer, head=head)
+        rollout = dict(head_fusion=head_fusion, discard_ratio=discard_ratio)
+        return [write_page(page, model, batch, captions, names, options, rollout, batch_size, started)]
 
     found = explain(
         model, batch, method, layer, head, query_patch, head_fusion, discard_ratio, target, batch_size, names
@@ -195,6 +208,33 @@ def attention(
     if stale:
         print(f"removed {len(stale)} per-image figures of an earlier run ({stale[0].name}, ...)")
     return written
+
+
+def page_path(html: str | Path, out: str | Path, plots: bool, target: int | None) -> Path:
+    """Where --html writes its page (checked before any work): the file named, or
+    <out>/attention.html for a bare --html."""
+    if plots or target is not None:
+        raise UsageError(
+            "--html writes one page with every method and the top classes: no --plots or --target"
+        )
+    path = Path(html) if str(html) else Path(out) / "attention.html"
+    if path.is_dir():
+        raise UsageError(f"--html {path} is a folder; name the page's file: {path / 'attention.html'}")
+    return path
+
+
+def write_page(
+    path: Path, model: ViT, batch, captions, names, options: dict, rollout: dict, batch_size: int, started
+) -> Path:
+    """The page of `vit.explore` for `batch`, written to `path`."""
+    from vit.explorer import explore
+
+    found = explore(model, batch, captions, names, **options, **rollout, batch_size=batch_size)
+    path = found.save(path)
+    seconds, size = time.perf_counter() - started, path.stat().st_size / 1e6
+    images = f"{len(batch)} image{'s' * (len(batch) != 1)}"
+    print(f"wrote {path} ({size:.1f} MB) for {images} in {seconds:.1f} s: open it in a browser")
+    return path
 
 
 def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
@@ -314,6 +354,15 @@ def parser() -> Parser:
         help="images per forward pass (bounds the memory the weights take)",
     )
     add("--threads", type=int, default=None, help="PyTorch CPU threads; default PyTorch's choice")
+    add(
+        "--html",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="write one self-contained page instead of PNG files, to explore every layer, head, query "
+        "patch and method in a browser: PATH, or <out>/attention.html for a bare --html",
+    )
     return parser  # fmt: skip
 
 
