@@ -18,6 +18,7 @@ from vit.explanations import (
     METHODS,
     area,
     evidence_scores,
+    headline,
     interval,
     method_maps,
     patch_evidence,
@@ -247,3 +248,25 @@ def test_training_logs_the_evidence_mass_after_each_validation(runs):
     for row in rows:
         for key in ("val/evidence_mass_rollout", "val/evidence_mass_grad_rollout", "val/evidence_share"):
             assert 0.0 < float(row[key]) < 1.0
+
+
+def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tmp_path, capsys):
+    """Issue 30's page leaves a place for these scores: `vit-attention --html --scores FILE`."""
+    attention_main(["score", "--ckpt", trained_checkpoint, "--num_images", "8", "--no-sanity",
+                    "--methods", "rollout", "evidence", "--out", tmp_path / "scores"])  # fmt: skip
+    scores = tmp_path / "scores" / "scores.json"
+    expected = headline(json.loads(scores.read_text()))
+    assert expected["evidence"]["relevance mass ↑"] == "1.000 [1.000, 1.000]"
+    page = tmp_path / "page.html"
+    attention_main(["--ckpt", trained_checkpoint, "--num_images", "2", "--html", page, "--scores", scores])
+    text = page.read_text()
+    for method, figures in expected.items():
+        for name, value in figures.items():
+            assert json.dumps(name)[1:-1] in text and value in text, (method, name)
+    status, error = command_error(attention_main, ["--ckpt", trained_checkpoint, "--scores", scores], capsys)
+    assert status == 2 and "--scores goes with --html" in error
+    (tmp_path / "other.json").write_text('{"top1": 0.9}')
+    args = ["--ckpt", trained_checkpoint, "--html", tmp_path / "p2.html", "--scores", tmp_path / "other.json"]
+    status, error = command_error(attention_main, args, capsys)
+    assert status == 1 and "is not a scores.json of vit-attention score" in error
+    assert not (tmp_path / "p2.html").exists()

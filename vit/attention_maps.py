@@ -63,12 +63,15 @@ def record_attention(model: ViT, layers: list[int], keep: Callable[[torch.Tensor
     weights (batch, heads, tokens, tokens), as its `attend` step computes them, are recorded:
     `keep(weights)` is appended to the yielded dict's list for that layer (vit-pytorch's recorder).
 
-    The model runs in eval mode (dropout off, every patch kept); the hooks and the explicit path
-    last for the `with` block only: no switch of the model is left flipped.
+    The model runs in eval mode (dropout off, every patch kept) and eagerly where it was compiled
+    in place (`model.compile()`, as `compile: true` trains: a compiled graph runs no hooks); the
+    hooks, the explicit path and the eager calls last for the `with` block only: no switch of
+    the model is left flipped.
     """
     captured: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
     attns = [model.blocks[i].attn for i in layers]
     fused, was_training = [attn.fused for attn in attns], model.training
+    compiled = model._compiled_call_impl  # set by nn.Module.compile(), else None
 
     def store(i):
         return lambda module, args, weights: captured[i].append(keep(weights))
@@ -76,10 +79,12 @@ def record_attention(model: ViT, layers: list[int], keep: Callable[[torch.Tensor
     handles = [attn.attend.register_forward_hook(store(i)) for i, attn in zip(layers, attns, strict=True)]
     try:
         model.eval()
+        model._compiled_call_impl = None
         for attn in attns:
             attn.fused = False
         yield captured
     finally:
+        model._compiled_call_impl = compiled
         model.train(was_training)
         for attn, flag in zip(attns, fused, strict=True):
             attn.fused = flag

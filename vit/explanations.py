@@ -403,3 +403,25 @@ def target_sensitivity(model: ViT, images, trained: dict, batch_size: int) -> di
         ])  # fmt: skip
         out[method] = interval(spearman(maps, other))
     return out
+
+
+HEADLINE = {  # the figures `headline` keeps, by their names in `score`'s results
+    "deletion_auc_probability": "deletion ↓",
+    "insertion_auc_probability": "insertion ↑",
+    "relevance_mass": "relevance mass ↑",
+    "rank_accuracy": "rank accuracy ↑",
+    "pointing_game": "pointing game ↑",
+}
+
+
+def headline(results: dict) -> dict[str, dict[str, str]]:
+    """The main figures of `score`'s results (or a scores.json) per method, as text with their
+    intervals: what the page of `vit.explore(scores=...)` shows."""
+    return {
+        method: {
+            name: f"{f[key]['mean']:.3f} [{f[key]['low']:.3f}, {f[key]['high']:.3f}]"
+            for key, name in HEADLINE.items()
+            if key in f
+        }  # fmt: skip
+        for method, f in results["figures"].items()
+    }

@@ -102,6 +102,7 @@ def attention(
     batch_size: int = 64,
     threads: int | None = None,
     html: str | Path | None = None,
+    scores: Path | None = None,
 ) -> list[Path]:
     """Draw where a trained ViT looks, over image files or test images of its data set.
 
@@ -114,7 +115,8 @@ def attention(
 
     `html` writes one self-contained page instead (`vit.explore`: every layer, head, query and
     method, in a browser) to that file, or to `<out>/attention.html` when it is "" (a bare
-    --html); the method, query patch, layer and head choose the view it opens on.
+    --html); the method, query patch, layer and head choose the view it opens on. `scores`: a
+    scores.json of `vit-attention score`, whose figures the page shows.
     """
     import torch
 
@@ -133,6 +135,8 @@ def attention(
     check_options(method, layer, head, query_patch, head_fusion, discard_ratio)
     check_out_folder(out)
     page = None if html is None else page_path(html, out, plots, target)
+    if scores is not None:
+        scores = read_scores(scores, page)
     if num_images < 1 or batch_size < 1:
         raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
     if threads is not None:
@@ -163,6 +167,7 @@ def attention(
             captions = [f"{c}, true {names[y]}" for c, y in zip(captions, labels.tolist(), strict=True)]
         options = dict(method=method, query_patch=query_patch, layer=layer, head=head)
         rollout = dict(head_fusion=head_fusion, discard_ratio=discard_ratio)
+        options["scores"] = scores
         return [write_page(page, model, batch, captions, names, options, rollout, batch_size, started)]
 
     found = explain(
@@ -221,6 +226,22 @@ def page_path(html: str | Path, out: str | Path, plots: bool, target: int | None
     if path.is_dir():
         raise UsageError(f"--html {path} is a folder; name the page's file: {path / 'attention.html'}")
     return path
+
+
+def read_scores(path: str | Path, page: Path | None) -> dict:
+    """The figures of a scores.json written by `vit-attention score`, for the page."""
+    import json
+
+    from vit.explanations import headline
+
+    if page is None:
+        raise UsageError("--scores goes with --html: the page shows them")
+    try:
+        return headline(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--scores: file not found: {path}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--scores {path} is not a scores.json of vit-attention score ({e})") from None
 
 
 def write_page(
@@ -362,6 +383,12 @@ def parser() -> Parser:
         metavar="PATH",
         help="write one self-contained page instead of PNG files, to explore every layer, head, query "
         "patch and method in a browser: PATH, or <out>/attention.html for a bare --html",
+    )
+    add(
+        "--scores",
+        default=None,
+        metavar="FILE",
+        help="with --html: a scores.json of vit-attention score, whose figures the page shows",
     )
     return parser  # fmt: skip
 
