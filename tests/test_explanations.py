@@ -270,3 +270,13 @@ def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tm
     status, error = command_error(attention_main, args, capsys)
     assert status == 1 and "is not a scores.json of vit-attention score" in error
     assert not (tmp_path / "p2.html").exists()
+
+
+def test_score_on_image_files_leaves_out_the_evidence_and_says_why(trained_checkpoint, tmp_path, capsys):
+    for i in range(3):
+        write_image(tmp_path / "photos" / f"{i}.png", 40 * i, "L", SIZES[i])
+    attention_main(["score", "--ckpt", trained_checkpoint, "--images", tmp_path / "photos", "--no-sanity"])
+    printed = capsys.readouterr().out
+    assert "scored 3 image files (4x4 patches)" in printed
+    assert "no evidence figures: image files given with --images carry no evidence" in printed
+    assert "relevance mass" not in printed and "input-gradient" in printed
