@@ -29,17 +29,10 @@ import torch
 from matplotlib.figure import Figure
 
 from vit import load_pretrained
+from vit.callbacks import EvidenceMass
 from vit.checkpoint import load_checkpoint
 from vit.commands.attention import spread_test_images
-from vit.explanations import (
-    METHODS,
-    evidence_scores,
-    method_maps,
-    model_outputs,
-    patch_evidence,
-    removal_counts,
-    score,
-)
+from vit.explanations import METHODS, evidence_mass, patch_evidence, removal_counts, score
 from vit.plot import save_figure
 
 KEYS = ("rollout", "grad_rollout")  # EvidenceMass's metrics: val/evidence_mass_<key>
@@ -57,12 +50,12 @@ def passes_needed(methods: list[str], patches: int, depth: int, sanity: bool) ->
     """Forward passes per image of `vit.explanations.score`, a gradient pass counted as 3: the
     ends of every curve (no patch and every patch replaced) once, the inner steps of deletion and
     insertion per method, the maps; with the sanity checks, each method's map per randomisation
-    step (head, then each block) and for the runner-up class, and the predictions they need."""
+    step (head, then each block) and for the runner-up class."""
     inner = len(removal_counts(patches)) - 2
     needed = 2 + sum(2 * inner + MAP_PASSES[m] for m in methods)
     if sanity:
         model_methods = sum(MAP_PASSES[m] for m in methods if m not in ("random", "evidence"))
-        needed += (depth + 1) * model_methods + model_methods + 2
+        needed += (depth + 1) * model_methods + model_methods
     return needed
 
 
@@ -103,14 +96,11 @@ def speed(args: argparse.Namespace) -> None:
         print(f"demo model, {len(images)} test images, all {len(results['methods'])} methods, deletion and "
               f"insertion{', sanity checks' if sanity else ''}: {seconds:.1f} s")  # fmt: skip
 
-    # what vit.callbacks.EvidenceMass does after each validation: 64 validation images, the
-    # predictions, rollout's and gradient rollout's maps and their relevance mass
+    # what vit.callbacks.EvidenceMass does after each validation, on its 64 validation images
     val, val_evidence = data.split("val")[:64][0], patch_evidence(model, data.evidence("val")[:64])
-    predicted = model_outputs(model, val, 64).argmax(-1)
     start, rounds = time.perf_counter(), 5
     for _ in range(rounds):
-        for method in ("rollout", "grad-rollout"):
-            evidence_scores(method_maps(model, val, method, predicted), val_evidence)
+        evidence_mass(model, val, val_evidence, EvidenceMass().methods)
     print(f"EvidenceMass's work per validation (64 images): {(time.perf_counter() - start) / rounds:.3f} s")
     if args.timm_images < 1:
         return

@@ -114,15 +114,12 @@ class EvidenceMass(Callback):
             self._take_data(trainer, pl_module)
             if self._off:
                 return
-        from vit.explanations import evidence_scores, method_maps, model_outputs
+        from vit.explanations import evidence_mass
 
         images, evidence = self._data
-        network = pl_module.model
         # validation runs under inference mode; gradient rollout needs gradients
         with torch.inference_mode(False), torch.enable_grad():
-            predicted = model_outputs(network, images, len(images)).argmax(-1)
-            for method in self.methods:
-                maps = method_maps(network, images, method, predicted)
-                mass = evidence_scores(maps, evidence)["relevance_mass"].nanmean()
-                pl_module.log(f"val/evidence_mass_{method.replace('-', '_')}", mass.item())
+            masses = evidence_mass(pl_module.model, images, evidence, self.methods)
+        for method, mass in masses.items():
+            pl_module.log(f"val/evidence_mass_{method.replace('-', '_')}", mass.item())
         pl_module.log("val/evidence_share", evidence.float().mean().item())

@@ -24,7 +24,7 @@ Every figure is the mean over images with a 95% bootstrap interval over images (
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -245,6 +245,19 @@ def randomisation_steps(model: ViT, seed: int = 0):
 # --------------------------------------------------------------------------------------- figures
 
 
+def default_methods(model: ViT, has_evidence: bool) -> list[str]:
+    """Every method that applies: the evidence where the data knows it, the class token's
+    attention where the model has one."""
+    left_out = {"evidence"} if not has_evidence else set()
+    left_out |= {"attention"} if model.cls_token is None else set()
+    return [m for m in METHODS if m not in left_out]
+
+
+def as_text(figure: dict) -> str:
+    """An `interval` as `mean [low, high]`."""
+    return f"{figure['mean']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
+
+
 def interval(values: torch.Tensor, samples: int = 1000, seed: int = 0) -> dict[str, float]:
     """Mean of per-image `values` (NaN left out) and its 95% percentile bootstrap interval."""
     values = values[~values.isnan()].double()
@@ -275,7 +288,7 @@ def score(
     class-token and evidence-query maps' evidence figures per layer and head), "randomisation"
     {method: [(step, interval)]}, "protocol". `progress(iterable)` wraps the chunk loop (tqdm).
     """
-    methods = list(methods or [m for m in METHODS if evidence is not None or m != "evidence"])
+    methods = list(methods or default_methods(model, evidence is not None))
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
@@ -291,6 +304,7 @@ def score(
     evidence_patches = patch_evidence(model, evidence) if evidence is not None else None
     random_maps = torch.rand(len(images), patches, generator=g)
 
+    top2: list[torch.Tensor] = []  # the predicted and runner-up class of every image
     per_image: dict[str, dict[str, list]] = {m: {} for m in methods}
     curves: dict[str, dict[str, list]] = {m: {} for m in methods}
     layer_head: dict[str, list] = {}
@@ -305,7 +319,8 @@ def score(
         # no patch and every patch replaced: the ends of every curve, whatever the order
         everything = perturbed(x, torch.ones(len(x), patches, dtype=torch.bool), fill, grid)
         ends = tuple(model_outputs(model, torch.cat([x, everything]), batch_size).view(2, len(x), -1))
-        predicted = ends[0].argmax(-1)
+        top2.append(ends[0].topk(2, dim=-1).indices)
+        predicted = top2[-1][:, 0]
         truth = predicted if labels is None else labels[start : start + batch_size]
         found = None if evidence_patches is None else evidence_patches[start : start + batch_size]
         for method in methods:
@@ -346,8 +361,9 @@ def score(
     }
     if sanity:
         trained = {m: torch.cat(v) for m, v in trained_maps.items()}
-        results["randomisation"] = randomisation(model, images, trained, batch_size, seed)
-        results["target_sensitivity"] = target_sensitivity(model, images, trained, batch_size)
+        predicted, runner_up = torch.cat(top2).unbind(dim=1)
+        results["randomisation"] = randomisation(model, images, trained, predicted, batch_size, seed)
+        results["target_sensitivity"] = target_sensitivity(model, images, trained, runner_up, batch_size)
     return results
 
 
@@ -378,31 +394,45 @@ def layers_heads_scores(model: ViT, images: torch.Tensor, evidence: torch.Tensor
     return scores
 
 
-def randomisation(model: ViT, images, trained: dict, batch_size: int, seed: int) -> dict:
-    """Per method, each cascading randomisation step's rank correlation with the trained maps."""
-    predicted = model_outputs(model, images, batch_size).argmax(-1)
+def chunked_maps(model: ViT, images, method: str, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """`method_maps` of all `images`, `batch_size` at a time: (N, patches)."""
+    return torch.cat([
+        method_maps(model, images[i : i + batch_size], method, targets[i : i + batch_size])
+        for i in range(0, len(images), batch_size)
+    ])  # fmt: skip
+
+
+def randomisation(
+    model: ViT, images, trained: dict, predicted: torch.Tensor, batch_size: int, seed: int
+) -> dict:
+    """Per method, each cascading randomisation step's rank correlation with the trained maps (for
+    the class the trained model predicted)."""
     out: dict[str, list] = {m: [] for m in trained}
     for step, randomised in randomisation_steps(model, seed):
         for method, maps in trained.items():
-            new = torch.cat([
-                method_maps(randomised, images[i : i + batch_size], method, predicted[i : i + batch_size])
-                for i in range(0, len(images), batch_size)
-            ])  # fmt: skip
+            new = chunked_maps(randomised, images, method, predicted, batch_size)
             out[method].append({"step": step, **interval(spearman(maps, new))})
     return out
 
 
-def target_sensitivity(model: ViT, images, trained: dict, batch_size: int) -> dict:
+def target_sensitivity(model: ViT, images, trained: dict, runner_up: torch.Tensor, batch_size: int) -> dict:
     """Per method, the rank correlation of its maps for the predicted and the runner-up class."""
-    runner_up = model_outputs(model, images, batch_size).topk(2, dim=-1).indices[:, 1]
-    out = {}
-    for method, maps in trained.items():
-        other = torch.cat([
-            method_maps(model, images[i : i + batch_size], method, runner_up[i : i + batch_size])
-            for i in range(0, len(images), batch_size)
-        ])  # fmt: skip
-        out[method] = interval(spearman(maps, other))
-    return out
+    return {
+        method: interval(spearman(maps, chunked_maps(model, images, method, runner_up, batch_size)))
+        for method, maps in trained.items()
+    }
+
+
+def evidence_mass(model: ViT, images: torch.Tensor, evidence: torch.Tensor, methods: Sequence[str]) -> dict:
+    """The mean relevance mass of each method's maps for the predicted classes on evidence patches
+    (B, patches): what `vit.callbacks.EvidenceMass` logs while training."""
+    predicted = model_outputs(model, images, len(images)).argmax(-1)
+    return {
+        method: evidence_scores(method_maps(model, images, method, predicted), evidence)[
+            "relevance_mass"
+        ].nanmean()
+        for method in methods
+    }
 
 
 HEADLINE = {  # the figures `headline` keeps, by their names in `score`'s results
@@ -418,10 +448,6 @@ def headline(results: dict) -> dict[str, dict[str, str]]:
     """The main figures of `score`'s results (or a scores.json) per method, as text with their
     intervals: what the page of `vit.explore(scores=...)` shows."""
     return {
-        method: {
-            name: f"{f[key]['mean']:.3f} [{f[key]['low']:.3f}, {f[key]['high']:.3f}]"
-            for key, name in HEADLINE.items()
-            if key in f
-        }  # fmt: skip
+        method: {name: as_text(f[key]) for key, name in HEADLINE.items() if key in f}
         for method, f in results["figures"].items()
     }

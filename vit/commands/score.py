@@ -17,19 +17,17 @@ import time
 from pathlib import Path
 
 from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
+from vit.commands.eval import DEVICES
 from vit.errors import UsageError
 
 # The keys of `vit.explanations.METHODS`, here so that --help needs no torch (a test checks them).
 METHOD_NAMES = ("attention", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def cell(figure: dict) -> str:
-    return f"{figure['mean']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
 
 
 def table(results: dict) -> str:
     """The figures of `vit.explanations.score` as text tables: perturbation, evidence, sanity."""
+    from vit.explanations import as_text as cell
+
     figures = results["figures"]
     width = max(len(m) for m in figures) + 2
     columns = [
@@ -84,6 +82,7 @@ def score(
     from vit.checkpoint import check_source, load_checkpoint, load_network
     from vit.commands.attention import spread_test_images
     from vit.commands.eval import torch_device
+    from vit.datamodules import ImageFolders
     from vit.explanations import METHODS, score
     from vit.model import ViT
     from vit.plot import (
@@ -123,7 +122,7 @@ def score(
         what = f"{len(batch)} test images of {type(datamodule).__name__}"
         if pixels is None:
             why = f"{type(datamodule).__name__} does not know which pixels carry its labels"
-            if type(datamodule).__name__ == "ImageFolders":
+            if isinstance(datamodule, ImageFolders):
                 why += f" (no masks in {datamodule.root}/masks/test/<class>/<image>.png)"
         else:
             evidence = pixels[indices]
@@ -131,8 +130,6 @@ def score(
         raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
     if methods and "evidence" in methods and evidence is None:
         raise UsageError(f"--methods evidence needs data with evidence: {why}")
-    if not methods and network.cls_token is None:
-        methods = [m for m in METHODS if m != "attention" and (evidence is not None or m != "evidence")]
     network.to(device)
 
     from tqdm import tqdm

@@ -154,14 +154,12 @@ class ViTCLI(LightningCLI):
         config = self._get(self.config_init, "trainer", default={})
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
-        ours = {LightningProgressBar: ProgressBar, LightningModelSummary: ModelSummary}
-        switches = {
-            LightningProgressBar: "enable_progress_bar",
-            LightningModelSummary: "enable_model_summary",
-        }
-        for kind, callback in ours.items():
-            if config.get(switches[kind]) is not False and not any(isinstance(c, kind) for c in callbacks):
-                callbacks.append(callback())
+        for kind, ours, switch in (
+            (LightningProgressBar, ProgressBar, "enable_progress_bar"),
+            (LightningModelSummary, ModelSummary, "enable_model_summary"),
+        ):
+            if config.get(switch) is not False and not any(isinstance(c, kind) for c in callbacks):
+                callbacks.append(ours())
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
     def instantiate_classes(self) -> None:
