@@ -4,8 +4,10 @@
         "time budget, seed 0=docs/cifar10_runs/budget_seed0.csv" \\
         "38 epochs, cut at 30 min=docs/cifar10_runs/fixed38.csv"
 
-Each run is LABEL=PATH to a metrics.csv (its val/acc and time/minutes rows: one per validation).
-Prints each run's last and best val/acc with the minute they came at.
+Each run is LABEL=PATH to a metrics.csv (its val/acc and time/minutes rows: one per validation),
+or LABEL=PATH*FACTOR to draw its minutes times FACTOR: a run on a machine FACTOR times as fast as
+another, drawn in that machine's minutes (docs/cifar10.md's AVX2 runs on a faster CPU). Prints
+each run's last and best val/acc with the minute they came at.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def read_curve(path: Path) -> tuple[list[float], list[float]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="LABEL=PATH of a metrics.csv")
+    parser.add_argument("runs", nargs="+", help="LABEL=PATH of a metrics.csv, or LABEL=PATH*FACTOR")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--title", default="CIFAR-10: validation accuracy against training time")
     args = parser.parse_args(argv)
@@ -38,7 +40,13 @@ def main(argv: list[str] | None = None) -> None:
         label, sep, path = run.rpartition("=")
         if not sep or not label:
             raise SystemExit(f"error: {run!r} is not LABEL=PATH")
+        path, star, factor = path.rpartition("*") if "*" in path else (path, "", "1")
+        try:
+            factor = float(factor)
+        except ValueError:
+            raise SystemExit(f"error: {run!r}: the factor after * must be a number") from None
         minutes, acc = read_curve(Path(path))
+        minutes = [m * factor for m in minutes]
         ax.plot(minutes, acc, marker="o", markersize=3, label=label)
         best = max(range(len(acc)), key=acc.__getitem__)
         last = f"last val/acc {acc[-1]:.4f} at {minutes[-1]:.1f} min"

@@ -131,6 +131,11 @@ def test_accuracy_vs_minutes_draws_each_run(tmp_path, capsys):
     assert "budget: last val/acc 0.5500 at 3.0 min, best 0.5500 at 3.0 min" in out
     assert "fixed: last val/acc 0.3300 at 6.0 min, best 0.3500 at 4.0 min" in out
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+    # PATH*FACTOR: minutes drawn times the factor (a faster machine's run in another's minutes)
+    main([f"scaled={tmp_path / 'a.csv'}*1.5", "--out", str(tmp_path / "s.png")])
+    assert "scaled: last val/acc 0.5500 at 4.5 min, best 0.5500 at 4.5 min" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="must be a number"):
+        main([f"bad={tmp_path / 'a.csv'}*x", "--out", str(tmp_path / "s.png")])
     with pytest.raises(SystemExit, match="no rows with both"):
         (tmp_path / "c.csv").write_text(header)
         main([f"c={tmp_path / 'c.csv'}", "--out", str(tmp_path / "c.png")])
