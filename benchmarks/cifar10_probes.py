@@ -182,7 +182,8 @@ def run(args) -> None:
     costs = json.loads(Path(args.costs).read_text())
     names = args.variants or list(VARIANTS)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # many processes share the CPU cores
+    if args.jobs > 1:  # processes share the CPU cores: one thread each
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     cost = {n: costs[n if changes_the_step(VARIANTS[n]) else "before"] for n in names}
     steps = {n: round(args.steps * costs["before"] / cost[n]) for n in names}
     jobs = [(n, s, steps[n]) for s in args.seeds for n in names]  # every variant once first
