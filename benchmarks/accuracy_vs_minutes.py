@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> None:
         label, sep, path = run.rpartition("=")
         if not sep or not label:
             raise SystemExit(f"error: {run!r} is not LABEL=PATH")
-        path, star, factor = path.rpartition("*") if "*" in path else (path, "", "1")
+        path, _, factor = path.partition("*")
         try:
-            factor = float(factor)
+            factor = float(factor or 1)
         except ValueError:
             raise SystemExit(f"error: {run!r}: the factor after * must be a number") from None
         minutes, acc = read_curve(Path(path))

@@ -20,8 +20,10 @@ gets `--steps`) and writes `summary.md` (last and best val/acc, mean over seeds)
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -84,6 +86,11 @@ def changes_the_step(variant: list[str]) -> bool:
     return any(k.startswith("--model.vit.") or k == "--data.init_args.batch_size" for k, _ in pairs(variant))
 
 
+def batch_of(variant: list[str]) -> int:
+    """The variant's batch size (the config's, 128, unless it says otherwise)."""
+    return overrides_of(variant, "--data.init_args.").get("batch_size", 128)
+
+
 def overrides_of(args: list[str], prefix: str) -> dict:
     """The values of the `--prefix.NAME VALUE` pairs in `args`, parsed as YAML."""
     return {k[len(prefix) :]: yaml.safe_load(v) for k, v in pairs(args) if k.startswith(prefix)}
@@ -107,7 +114,7 @@ def step_cost(variant: list[str], steps: int, warmup: int, compile: bool = False
 
     config = yaml.safe_load(CONFIG.read_text())
     vit = {**config["model"]["vit"], **overrides_of(BEFORE + variant, "--model.vit.")}
-    batch = overrides_of(variant, "--data.init_args.").get("batch_size", 128)
+    batch = batch_of(variant)
     torch.manual_seed(0)
     model = ViT(**vit)
     if compile:  # as the config's `compile: true` does (in place; the first steps compile)
@@ -128,8 +135,6 @@ def step_cost(variant: list[str], steps: int, warmup: int, compile: bool = False
 
 
 def cost(args) -> None:
-    import platform
-
     print(f"{platform.processor() or platform.machine()}; torch {torch.__version__}; "
           f"{torch.get_num_threads()} threads; {torch.backends.cpu.get_cpu_capability()}")  # fmt: skip
     names = args.variants or list(VARIANTS)
@@ -144,9 +149,8 @@ def cost(args) -> None:
 
 
 def train(variant: str, seed: int, steps: int, args) -> dict:
+    """Trains the variant for `steps` optimizer steps (of its own batch size) in a subprocess."""
     name = f"{variant}_seed{seed}"
-    batch = overrides_of(VARIANTS[variant], "--data.init_args.").get("batch_size", 128)
-    # the variant's step count is in steps of its own batch size
     command = [
         sys.executable, "-c",
         "import sys, torch; torch.backends.cudnn.allow_tf32 = False; "  # fp32 as on a CPU
@@ -154,7 +158,7 @@ def train(variant: str, seed: int, steps: int, args) -> dict:
         "from vit.commands.train import main; sys.argv[0] = 'vit-train'; main()",
         "fit", "--config", str(CONFIG),
         "--data.init_args.root", args.root, "--data.init_args.download", "false",
-        "--trainer.max_time", "null", "--trainer.max_steps", str(round(steps * 128 / batch)),
+        "--trainer.max_time", "null", "--trainer.max_steps", str(steps),
         "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
         "--trainer.logger.init_args.save_dir", args.out, "--trainer.logger.init_args.name", name,
         "--seed_everything", str(seed), *BEFORE, *VARIANTS[variant],
@@ -164,11 +168,9 @@ def train(variant: str, seed: int, steps: int, args) -> dict:
     with open(log, "w") as f:
         rc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
     seconds = time.time() - start
-    result = dict(variant=variant, seed=seed, steps=round(steps * 128 / batch), rc=rc, seconds=seconds)
+    result = dict(variant=variant, seed=seed, steps=steps, rc=rc, seconds=seconds)
     metrics = sorted((Path(args.out) / name).glob("version_*/metrics.csv"))
     if metrics:
-        import csv
-
         rows = [r for r in csv.DictReader(open(metrics[-1])) if r.get("val/acc")]
         if rows:
             accuracy = [float(r["val/acc"]) for r in rows]
@@ -185,7 +187,8 @@ def run(args) -> None:
     if args.jobs > 1:  # processes share the CPU cores: one thread each
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     cost = {n: costs[n if changes_the_step(VARIANTS[n]) else "before"] for n in names}
-    steps = {n: round(args.steps * costs["before"] / cost[n]) for n in names}
+    # the images of `--steps` batches of 128 times the cost ratio, in batches of the variant's size
+    steps = {n: round(args.steps * costs["before"] / cost[n] * 128 / batch_of(VARIANTS[n])) for n in names}
     jobs = [(n, s, steps[n]) for s in args.seeds for n in names]  # every variant once first
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda job: train(*job, args), jobs))

@@ -44,15 +44,19 @@ def test_step_cost_times_a_training_step(variant):
 
 def test_run_gives_each_variant_steps_in_proportion_to_its_cost(tmp_path, monkeypatch):
     """A variant that costs twice the config's step gets half its steps; one that changes only
-    training settings (not the model or the batch) gets the config's."""
+    training settings (not the model or the batch) gets the config's; one of twice the batch,
+    at the same cost per 128 images, half the steps."""
     costs = tmp_path / "costs.json"
-    costs.write_text(json.dumps({"before": 200.0, "depth6": 400.0, "lr2e-3": 150.0}))
+    ms = {"before": 200.0, "depth6": 400.0, "lr2e-3": 150.0, "batch256-lr2e-3": 200.0}
+    costs.write_text(json.dumps(ms))
     launched = []
     monkeypatch.setattr(probes, "train", lambda *job: launched.append(job[:3]) or {"variant": job[0]})
     args = probes.argparse.Namespace(
         costs=str(costs), root="unused", out=str(tmp_path / "out"), steps=1000, seeds=[0], jobs=1,
-        variants=["before", "depth6", "lr2e-3"],
+        variants=["before", "depth6", "lr2e-3", "batch256-lr2e-3"],
     )  # fmt: skip
     probes.run(args)
-    assert sorted(launched) == [("before", 0, 1000), ("depth6", 0, 500), ("lr2e-3", 0, 1000)]
+    assert sorted(launched) == [
+        ("batch256-lr2e-3", 0, 500), ("before", 0, 1000), ("depth6", 0, 500), ("lr2e-3", 0, 1000),
+    ]  # fmt: skip
     assert "| depth6 | failed |" in (tmp_path / "out" / "summary.md").read_text()
