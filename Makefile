@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: demo test lint notebooks clean
+.PHONY: demo test lint notebooks clean gpu-prepare gpu-check
 
 $(VENV)/installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,32 @@ lint: $(VENV)/installed
 
 test: lint
 	$(BIN)/pytest
+
+# The GPU check (benchmarks/gpu_check.py, docs/gpu/NOTES.md). A GPU machine that gets only this working
+# tree: `make gpu-prepare` here puts what it lacks into .gpu/ (the wheels of the packages its image
+# lacks, CIFAR-10's JPEG bytes in one file); there, `make gpu-check` installs those wheels and runs the
+# check, about 8 minutes on an H100. On a GPU machine of your own with vit installed, set GPU_DATA to
+# your CIFAR-10 (torchvision's copy or image folders).
+GPU_WHEELS := jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 vit-pytorch==1.26.11
+CIFAR10_JPEG ?= ../shared/data/cifar10-jpeg
+GPU_DATA ?= .gpu/cifar10-jpeg.pack
+GPU_OUT ?= runs/gpu_check
+GPU_REPORT ?= $(GPU_OUT)
+GPU_PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+gpu-prepare: $(VENV)/installed
+	mkdir -p .gpu/wheels
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	  --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .gpu/wheels $(GPU_WHEELS)
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w .gpu/wheels airbench==0.1.8
+	$(BIN)/python benchmarks/cifar10_pack.py pack $(CIFAR10_JPEG) .gpu/cifar10-jpeg.pack
+	du -sh .gpu
+
+gpu-check:
+	@if ls .gpu/wheels/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-compile --target .gpu/site .gpu/wheels/*.whl; fi
+	PYTHONPATH=$$PWD/.gpu/site:$$PWD $(GPU_PYTHON) benchmarks/gpu_check.py --data $(GPU_DATA) \
+	  --out $(GPU_OUT) --report $(GPU_REPORT) --deadline 540
 
 clean:
 	rm -rf $(VENV) runs

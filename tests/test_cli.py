@@ -114,10 +114,37 @@ def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
 
 
 @pytest.mark.slow
+class Snapshots(L.Callback):
+    """The network's buffers and gradients when fit starts and when training starts: between the
+    two, `compile: true` compiles (Classifier.compile_now)."""
+
+    def on_fit_start(self, trainer, pl_module):
+        self.before = [b.clone() for b in pl_module.model.buffers()]
+
+    def on_train_start(self, trainer, pl_module):
+        self.after = [b.clone() for b in pl_module.model.buffers()]
+        self.grads = [p.grad for p in pl_module.model.parameters()]
+        self.compiled_calls = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def test_compile_trains_and_keeps_eager_checkpoints(runs):
-    """`--model.compile true` trains through torch.compile; the compiled network computes what the
-    eager one does, and the checkpoint holds the eager parameter names, so it loads without it."""
-    result = cli.run(["fit", *tiny_args(runs, "--model.compile", "true", "--trainer.max_epochs", "1")])
+    """`--model.compile true` trains through torch.compile, compiled before the training clock
+    starts (BatchNorm's statistics and the gradients left as they were, the seconds logged); the
+    compiled network computes what the eager one does, and the checkpoint holds the eager
+    parameter names, so it loads without it."""
+    snapshots = Snapshots()
+    torch._dynamo.utils.counters.clear()
+    args = ["--model.compile", "true", "--trainer.max_epochs", "1", "--model.vit.conv_stem", "[4]"]
+    original = ViTClassifier.configure_callbacks
+    with pytest.MonkeyPatch.context() as patch:  # the module's callbacks, and the snapshots beside them
+        patch.setattr(ViTClassifier, "configure_callbacks", lambda self: [snapshots, *original(self)])
+        result = cli.run(["fit", *tiny_args(runs, *args)])
+    assert snapshots.compiled_calls > 0  # graphs were compiled before training started
+    assert len(snapshots.before) == 3  # BatchNorm's mean, variance and count
+    for before, after in zip(snapshots.before, snapshots.after, strict=True):
+        torch.testing.assert_close(after, before, atol=0, rtol=0)
+    assert all(grad is None for grad in snapshots.grads)
+    assert last_value(metrics(runs / "tiny" / "version_0"), "time/compile_seconds") > 0
     network = result.model.model
     assert network._compiled_call_impl is not None  # training ran the compiled network
     images = torch.rand(4, 1, 32, 32)

@@ -1,14 +1,30 @@
 """A quick run of the benchmark's functions at a tiny size; the real run is benchmarks/throughput.py."""
 
 import importlib.util
+import json
 import sys
 
 import pytest
 import torch
 import yaml
 
-from benchmarks.throughput import BUILDERS, CPU_CONFIG, MODULES, TIE, System, gemm_peak, measure, table
+import benchmarks.throughput as throughput
+from benchmarks.throughput import (
+    BUILDERS,
+    CPU_CONFIG,
+    GPU_CONFIG,
+    MODELS,
+    MODULES,
+    STEM_CONFIGS,
+    TIE,
+    System,
+    gemm_peak,
+    main,
+    measure,
+    table,
+)
 from vit.commands.train import cpu_has_native_bf16
+from vit.config import PRESETS
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0, num_classes=3)
 PEERS = [name for name, module in MODULES.items() if importlib.util.find_spec(module)]
@@ -23,11 +39,14 @@ def test_measure_reports_every_system(precision):
     )  # fmt: skip
     assert list(results) == names
     for r in results.values():
-        assert r["train_ips"] > 0 and r["infer_ips"] > 0 and r["flops"] > 0
-        assert r["matmul_ips"] > 0
+        assert r["train_ips"] > 0 and r["infer_ips"] > 0 and r["matmul_ips"] > 0
+        # backward costs twice the forward, less the patch projection's input gradient
+        assert 2 * r["infer_flops"] < r["train_flops"] <= 3 * r["infer_flops"]
+        assert r["infer_flops_per_s"] == pytest.approx(r["infer_flops"] * r["infer_ips"])
     # ours and timm compute the same matmuls, so the counter must agree (SDPA counted as matmuls)
     if "timm" in results:
-        assert results["ours"]["flops"] == results["timm"]["flops"]
+        for flops in ("train_flops", "infer_flops"):
+            assert results["ours"][flops] == results["timm"][flops]
     text = table(precision, results, peak=gemm_peak(torch.float32, torch.device("cpu"), n=64, rounds=1))
     assert all(name in text for name in names)
     if PEERS:  # the issue's target against the fastest peer of the run, in both columns
@@ -39,16 +58,12 @@ def test_measure_reports_every_system(precision):
 
 
 def test_matmuls_alone_refuses_compile(capsys):
-    from benchmarks.throughput import main
-
     with pytest.raises(SystemExit):
         main(["--compile", "--matmuls-alone"])
     assert "a compiled step runs other kernels" in capsys.readouterr().err
 
 
 def test_a_missing_peer_library_is_a_one_line_error(monkeypatch, capsys):
-    from benchmarks.throughput import main
-
     monkeypatch.setitem(sys.modules, "vit_pytorch", None)  # import vit_pytorch now fails
     with pytest.raises(SystemExit):
         main(["--systems", "ours", "vit-pytorch", "--precisions", "fp32"])
@@ -58,8 +73,6 @@ def test_a_missing_peer_library_is_a_one_line_error(monkeypatch, capsys):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_is_timed_by_default_only_where_it_is_native(monkeypatch, capsys, native):
-    import benchmarks.throughput as throughput
-
     monkeypatch.setattr(throughput, "cpu_has_native_bf16", lambda: native)
     cpu = torch.device("cpu")
     assert throughput.precisions_to_time(None, cpu) == (["fp32", "bf16"] if native else ["fp32"])
@@ -154,14 +167,26 @@ def test_step_variants_compute_what_ours_computes(monkeypatch, precision):
         assert logits < tolerance and grads < tolerance
 
 
+def figures(train_ips: float, infer_ips: float) -> dict:
+    """A system's results as `measure` gives them: 1 GFLOP per image to train, a third to infer."""
+    return dict(
+        train_ips=train_ips, infer_ips=infer_ips, matmul_ips=None, train_flops=1e9, infer_flops=1e9 / 3,
+        train_flops_per_s=train_ips * 1e9, infer_flops_per_s=infer_ips * 1e9 / 3,
+    )  # fmt: skip
+
+
 def test_table_leaves_out_matmuls_alone_unless_measured():
     results = {
-        name: dict(train_ips=ips, infer_ips=3 * ips, flops=1e9, flops_per_s=ips * 1e9, matmul_ips=None)
+        name: figures(ips, 3 * ips)
         for name, ips in (("ours", 300.0), ("ours+stem", 280.0), ("timm", 150.0), ("vit-pytorch", 200.0))
     }
-    results["timm"]["infer_ips"] = 920.0  # ours infers at 900: 0.98x, a tie
+    results["timm"] = figures(150.0, 920.0)  # ours infers at 900: 0.98x, a tie
     text = table("bf16", results, peak=1e12)
     assert "matmuls alone" not in text and "vs ours+stem" not in text  # not a peer
+    # training 300 GFLOP/s and inference 900 / 3 GFLOP/s: 30.0% of the peak each; timm infers 30.7%
+    assert "train of peak infer of peak" in text.splitlines()[1]
+    assert text.splitlines()[2].split()[5:7] == ["30.0%", "30.0%"]
+    assert text.splitlines()[4].split()[5:7] == ["15.0%", "30.7%"]
     assert text.splitlines()[-1] == (
         "bf16 target, ours >= fastest peer (0.97x a tie): training 300.0 vs vit-pytorch 200.0 (1.50x, met); "
         "inference 900.0 vs timm 920.0 (0.98x, tie)"
@@ -173,3 +198,129 @@ def test_table_leaves_out_matmuls_alone_unless_measured():
     text = table("bf16", results, peak=1e12)
     assert "matmuls alone" in text.splitlines()[1]
     assert text.splitlines()[-1].endswith("ours' training matmuls alone 450.0 img/s")
+
+
+def transformer_shape(name: str, model: torch.nn.Module, images: torch.Tensor) -> dict:
+    """Width, depth, heads, MLP width and classes of a built system, read off its own modules, and
+    the tokens entering its blocks (class token included) in a forward pass of `images`."""
+    if name == "vit-pytorch":
+        blocks, head, entry = model.transformer.layers, model.mlp_head, model.transformer
+        attn, mlp = blocks[0]
+        heads, hidden = attn.heads, mlp.net[1].out_features
+    else:  # ours, ours+stem, timm: timm's blocks, head and MLP names
+        blocks, head, entry = model.blocks, model.head, model.blocks[0]
+        attn = blocks[0].attn
+        heads, hidden = getattr(attn, "heads", None) or attn.num_heads, blocks[0].mlp.fc1.out_features
+    tokens = []
+    hook = entry.register_forward_pre_hook(lambda module, args: tokens.append(args[0].shape[1]))
+    with torch.no_grad():
+        model.eval()(images)
+    hook.remove()
+    return dict(
+        dim=head.in_features, depth=len(blocks), heads=heads, hidden=hidden, tokens=tokens[0],
+        classes=head.out_features,
+    )  # fmt: skip
+
+
+def test_cifar10_gpu_gives_every_system_the_config_transformer():
+    """--model cifar10_gpu: the transformer of configs/cifar10_gpu.yaml (its preset's width and
+    heads, its depth and MLP ratio) for every system; the peers on plain 4x4 patches (64 tokens),
+    `ours+stem` on the config's conv stem, whose 8x8 map gives as many."""
+    vit = yaml.safe_load(GPU_CONFIG.read_text())["model"]["vit"]
+    preset = PRESETS[vit["preset"]]
+    sizes = dict(dim=preset["dim"], depth=vit["depth"], heads=preset["heads"], mlp_ratio=vit["mlp_ratio"])
+    cfg = MODELS["cifar10_gpu"]()
+    assert cfg == dict(image_size=32, patch_size=4, **sizes, num_classes=10)
+    expected = dict(sizes, hidden=int(sizes.pop("mlp_ratio") * sizes["dim"]), tokens=64 + 1, classes=10)
+    assert STEM_CONFIGS["cifar10_gpu"] == GPU_CONFIG
+    systems = {
+        name: System(name, cfg, 1, torch.float32, torch.device("cpu"), stem_config=GPU_CONFIG)
+        for name in ["ours", "ours+stem", *PEERS]
+    }
+    for name, system in systems.items():
+        assert transformer_shape(name, system.model, system.x) == expected, name
+    stem = systems["ours+stem"].model.config
+    assert (stem.conv_stem, stem.conv_stem_strides) == (vit["conv_stem"], vit["conv_stem_strides"])
+    assert systems["ours"].model.config.conv_stem is None
+    # the same transformer, the same work; the stem adds its convolutions
+    flops = {name: system.infer_flops() for name, system in systems.items()}
+    assert all(flops[name] == flops["ours"] for name in PEERS) and flops["ours+stem"] > flops["ours"]
+
+
+def test_vit_s16_is_vit_s_at_224(monkeypatch, capsys):
+    """--model vit-s16 builds ViT-S/16 (196 patches of 16x16, width 384, 12 blocks of 6 heads,
+    1000 classes) for every peer, and the header shows that config; built, not timed."""
+    cfg = MODELS["vit-s16"]()
+    vit_s = dict(dim=384, depth=12, heads=6, mlp_ratio=4.0)
+    assert cfg == dict(image_size=224, patch_size=16, **vit_s, num_classes=1000)
+    expected = dict(dim=384, depth=12, heads=6, hidden=1536, tokens=196 + 1, classes=1000)
+    for name in ["ours", *PEERS]:
+        system = System(name, cfg, 1, torch.float32, torch.device("cpu"))
+        assert transformer_shape(name, system.model, system.x) == expected, name
+    seen = {}
+
+    def fake_measure(names, precision, batch, *args, cfg, **kwargs):
+        seen.update(cfg=cfg, batch=batch)
+        return {name: figures(10.0, 30.0) for name in names}
+
+    monkeypatch.setattr(throughput, "measure", fake_measure)
+    monkeypatch.setattr(throughput, "gemm_peak", lambda dtype, device: 1e12)
+    main(["--model", "vit-s16", "--systems", "ours", "--precisions", "fp32", "--batch", "256"])
+    assert seen == dict(cfg=cfg, batch=256)
+    assert f"model vit-s16: config {cfg}, batch 256," in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # no config gives ViT-S/16 a stem
+        main(["--model", "vit-s16", "--systems", "ours", "ours+stem"])
+    assert "ours+stem: --model vit-s16 has no stem" in capsys.readouterr().err
+
+
+def test_gemm_peak_sizes_its_product_by_device(monkeypatch):
+    """n=8192 on a GPU (an H100's bf16 rate needs it), 2048 on a CPU, unless given."""
+    assert throughput.GEMM_SIZES == {"cpu": 2048, "cuda": 8192}
+    monkeypatch.setitem(throughput.GEMM_SIZES, "cpu", 64)
+    monkeypatch.setattr(throughput, "seconds_per_call", lambda fn, calls, device: 1.0)
+    assert gemm_peak(torch.float32, torch.device("cpu")) == 2 * 64**3
+    assert gemm_peak(torch.float32, torch.device("cpu"), n=32) == 2 * 32**3
+
+
+def test_json_holds_what_the_table_shows(monkeypatch, capsys, tmp_path):
+    """--json: the run's settings, and per precision the peak, every system's figures (positive;
+    shares of the peak consistent) and the target's verdicts, as the text gives them."""
+    cfg = dict(TINY, image_size=16)  # the GPU config's stem (stride 4) on 16x16 images: 16 tokens
+    monkeypatch.setitem(throughput.MODELS, "cifar10_gpu", lambda: cfg)
+    monkeypatch.setitem(throughput.GEMM_SIZES, "cpu", 128)
+    path = tmp_path / "run.json"
+    names = ["ours", "ours+stem", *PEERS]
+    argv = ["--model", "cifar10_gpu", "--systems", *names, "--precisions", "fp32", "--batch", "2"]
+    main([*argv, "--warmup", "1", "--rounds", "1", "--steps", "1", "--json", str(path)])
+    text = capsys.readouterr().out
+    report = json.loads(path.read_text())
+    vit = yaml.safe_load(GPU_CONFIG.read_text())["model"]["vit"]
+    assert report["model"] == "cifar10_gpu" and report["config"] == cfg and report["device"] == "cpu"
+    assert report["stem"] == {name: vit[name] for name in ("conv_stem", "conv_stem_strides", "patch_size")}
+    assert (report["batch"], report["rounds"], report["compile"]) == (2, 1, None)
+    assert report["torch"] == torch.__version__
+    assert report["hardware"] == text.splitlines()[0] and report["gemm_n"] == 128
+    assert report["text"] == text.rstrip("\n")
+    fp32 = report["precisions"]["fp32"]
+    assert list(report["precisions"]) == ["fp32"] and fp32["gemm_peak"] > 0
+    assert list(fp32["systems"]) == names
+    for r in fp32["systems"].values():
+        numbers = [value for key, value in r.items() if key != "matmul_ips"]
+        assert all(value > 0 for value in numbers) and r["matmul_ips"] is None
+        assert r["train_share_of_peak"] == pytest.approx(r["train_flops_per_s"] / fp32["gemm_peak"])
+        infer_flops_per_s = r["infer_flops"] * r["infer_ips"]
+        assert r["infer_share_of_peak"] == pytest.approx(infer_flops_per_s / fp32["gemm_peak"])
+        assert f"{r['train_share_of_peak']:.1%}" in text and f"{r['infer_share_of_peak']:.1%}" in text
+    if not PEERS:
+        assert fp32["target"] is None
+        return
+    last = text.splitlines()[-1]
+    assert last.startswith("fp32 target")
+    for job, v in fp32["target"].items():
+        assert v["ratio"] == pytest.approx(v["ours_ips"] / v["peer_ips"])
+        assert v["verdict"] == ("met" if v["ratio"] >= 1 else "tie" if v["ratio"] >= TIE else "missed")
+        column = "train_ips" if job == "training" else "infer_ips"
+        assert v["peer"] == max(PEERS, key=lambda n: fp32["systems"][n][column])
+        ips = f"{v['ours_ips']:.1f} vs {v['peer']} {v['peer_ips']:.1f}"
+        assert f"{job} {ips} ({v['ratio']:.2f}x, {v['verdict']})" in last
+    assert list(fp32["target"]) == ["training", "inference"]

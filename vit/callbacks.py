@@ -1,11 +1,14 @@
 """vit-train's callbacks beside Lightning's: a progress bar and a model summary that say true
-things (the epoch under a time budget, the learning rate, the FLOPs of the network), and
-`EvidenceMass`, which follows where the model's maps look while it learns."""
+things (the epoch under a time budget, the learning rate, the FLOPs of the network), `EMA`, a
+moving average of the weights, and `EvidenceMass`, which follows where the model's maps look
+while it learns."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
-from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgressBar, WeightAveraging
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -74,6 +77,45 @@ class ModelSummary(RichModelSummary):
         summary_data = [(name, flops if name == "FLOPs" else values) for name, values in summary_data]
         super().summarize(summary_data, *args, total_flops=self._flops, **kwargs)
         print("FLOPs: one image's forward pass (a training step costs about 3 times that per image)")
+
+
+class EMA(WeightAveraging):
+    """An exponential moving average of the weights and buffers (BatchNorm's statistics), kept in
+    fp32 beside the network: validation, the checkpoints (so best.ckpt and vit-eval) and the
+    network after training are the average; training goes on from its own weights (Lightning's
+    `WeightAveraging` swaps them). The decay warms up as timm's `ModelEmaV3` does,
+    min(decay, (1 + t) / (10 + t)) after optimizer step t, so that a short run keeps little of
+    its random start. One multi-tensor lerp a step and nothing read back from the device: torch's
+    `AveragedModel.update_parameters` reads its step counter from the GPU at every step, a
+    synchronisation that would stall a fast GPU loop. Use it with `--trainer.callbacks+=vit.callbacks.EMA`."""
+
+    def __init__(self, decay: float = 0.999):
+        if not 0 < decay < 1:
+            raise ValueError(f"EMA decay={decay} must lie in (0, 1)")
+        super().__init__(use_buffers=True)
+        self.decay = decay
+
+    @torch.no_grad()
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step  # optimizer steps so far; the same while gradients accumulate
+        if step <= self._latest_update_step:
+            return
+        self._latest_update_step = step
+        weight = 1 - min(self.decay, (1 + step) / (10 + step))  # of the network's current values
+        module = self._average_model.module
+        pairs = zip(
+            itertools.chain(module.parameters(), module.buffers()),
+            itertools.chain(pl_module.parameters(), pl_module.buffers()),
+            strict=True,
+        )
+        averages, currents = [], []
+        for average, current in pairs:
+            if average.is_floating_point():
+                averages.append(average)
+                currents.append(current.detach())
+            else:  # counters (BatchNorm's num_batches_tracked) follow the network
+                average.copy_(current)
+        torch._foreach_lerp_(averages, currents, weight)
 
 
 class EvidenceMass(Callback):

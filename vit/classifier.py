@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Literal
 
@@ -56,13 +57,17 @@ def adamw(
     )
 
 
-def warmup_cosine(progress: float, warmup: float, min_lr_fraction: float, start: float = 0.0) -> float:
+def warmup_cosine(
+    progress: float, warmup: float, min_lr_fraction: float, start: float = 0.0, decay: str = "cosine"
+) -> float:
     """The learning-rate factor at `progress` (0 to 1) of training: linear warm-up from `start`
-    to 1 over the first `warmup` of it, then a cosine to `min_lr_fraction` at 1 (and after)."""
+    to 1 over the first `warmup` of it, then a cosine (or with `decay="linear"` a straight line,
+    airbench's shape) to `min_lr_fraction` at 1 (and after)."""
     if progress < warmup:
         return start + (1 - start) * progress / warmup
     done = min((progress - warmup) / (1 - warmup), 1.0)
-    return min_lr_fraction + (1 - min_lr_fraction) * (1 + math.cos(math.pi * done)) / 2
+    left = 1 - done if decay == "linear" else (1 + math.cos(math.pi * done)) / 2
+    return min_lr_fraction + (1 - min_lr_fraction) * left
 
 
 def training_timer(trainer: L.Trainer) -> Timer | None:
@@ -71,8 +76,10 @@ def training_timer(trainer: L.Trainer) -> Timer | None:
 
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
-    metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then cosine.
-    `compile: true` trains through `torch.compile` (same math, fewer passes over memory).
+    metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then a cosine
+    (or linear) decay.
+    `compile: true` trains through `torch.compile` (same math, fewer passes over memory),
+    compiled before training starts, so that a time budget counts training alone.
 
     Subclasses build `self.model` and pass these training settings through `**kwargs`.
     """
@@ -84,9 +91,10 @@ class Classifier(L.LightningModule):
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_fraction: float = 0.05,  # share of all optimizer steps spent warming up linearly
-        min_lr_fraction: float = 0.01,  # cosine decays to lr * min_lr_fraction
+        min_lr_fraction: float = 0.01,  # the decay ends at lr * min_lr_fraction
+        decay: Literal["cosine", "linear"] = "cosine",  # the shape from the warm-up's end to the floor
         label_smoothing: float = 0.1,
-        compile: bool = False,  # torch.compile the network for training (the first steps compile)
+        compile: bool = False,  # torch.compile the network for training (compiled before the clock starts)
         layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
     ):
         super().__init__()
@@ -96,6 +104,7 @@ class Classifier(L.LightningModule):
         require(0 <= warmup_fraction < 1, f"warmup_fraction={warmup_fraction} must lie in [0, 1)")
         require(0 <= min_lr_fraction <= 1, f"min_lr_fraction={min_lr_fraction} must lie in [0, 1]")
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
+        require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
         require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
         # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
         self.save_hyperparameters()
@@ -112,6 +121,8 @@ class Classifier(L.LightningModule):
 
     def _step(self, batch, stage: str, accuracy: MulticlassAccuracy) -> torch.Tensor:
         x, y = batch
+        if x.is_cuda and x.ndim == 4:  # a convolutional stem runs cuDNN's faster NHWC kernels
+            x = x.contiguous(memory_format=torch.channels_last)
         logits = self(x)
         # y: class indices (N,), or class probabilities (N, classes) from MixUp/CutMix, which
         # cross-entropy takes as they are and accuracy counts against their largest class
@@ -134,6 +145,10 @@ class Classifier(L.LightningModule):
         # in the same process, too); vit-eval and vit-attention rebuild it eagerly.
         if self.hparams.compile and stage == "fit":
             self.model.compile()
+        if stage == "fit" and self.trainer.strategy.root_device.type == "cuda":
+            # What stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
+            # it on such GPUs; the results differ from fp32's in the 4th digit).
+            torch.set_float32_matmul_precision("high")
 
     def configure_callbacks(self) -> list:
         # The training clock: Lightning's Timer, which starts with training (the sanity check
@@ -162,14 +177,57 @@ class Classifier(L.LightningModule):
         self._progress = progress
         return progress
 
+    def on_fit_start(self) -> None:
+        if self.hparams.compile:
+            self.compile_now()
+
+    def compile_now(self) -> None:
+        """Run the compiled network once as training will (forward and backward of a batch, in the
+        trainer's precision) and as validation will (a full batch and the last, shorter one), on
+        random images, so that compilation happens here, before the training clock (Lightning's
+        Timer) starts: a time budget then buys steps, not compilation. Weights, buffers (BatchNorm's
+        statistics) and gradients are left as they were; the seconds are printed and logged as
+        `time/compile_seconds`."""
+        datamodule = self.trainer.datamodule
+        size, channels = self.hparams.get("image_size"), self.hparams.get("in_channels")
+        if datamodule is None or size is None or channels is None:
+            return
+        height, width = (size, size) if isinstance(size, int) else size
+        start = time.perf_counter()
+        buffers = [b.clone() for b in self.model.buffers()]
+        batch = datamodule.batch_size
+        val = len(datamodule.split("val").labels)
+        with self.trainer.precision_plugin.forward_context():
+            images = torch.rand(batch, channels, height, width, device=self.device)
+            if images.is_cuda:
+                images = images.contiguous(memory_format=torch.channels_last)
+            self.model.train()
+            self.model(images).float().sum().backward()
+            self.model.eval()
+            with torch.inference_mode():
+                for n in {min(batch, val), val % batch} - {0}:
+                    self.model(images[:n].clone())
+        self.model.train()
+        self.model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for saved, buffer in zip(buffers, self.model.buffers(), strict=True):
+                buffer.copy_(saved)
+        seconds = time.perf_counter() - start
+        print(f"compiled in {seconds:.1f} s, before the training clock starts")
+        if self.logger is not None:
+            self.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         self._step_started = training_timer(self.trainer).time_elapsed()
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         self._seconds["step"] = training_timer(self.trainer).time_elapsed() - self._step_started
-        self.log(
-            "train/lr", self.lr_schedulers().get_last_lr()[-1], prog_bar=True, on_step=True, on_epoch=False
-        )
+        # after the first step (for the progress bar) and on the steps Lightning writes to the
+        # logger: a number logged becomes a tensor on the device, a copy that waits for the GPU,
+        # which would stall it at every step
+        if self.global_step == 1 or self.global_step % self.trainer.log_every_n_steps == 0:
+            lr = self.lr_schedulers().get_last_lr()[-1]
+            self.log("train/lr", lr, prog_bar=True, on_step=True, on_epoch=False)
         # The schedule's end: stop now, so that the last validation (which Lightning runs when
         # training stops early) and the checkpoints fit within --trainer.max_time.
         # Decided on the clock reading the scheduler took for this step's learning rate (before this
@@ -216,7 +274,7 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
-        # Warm-up and cosine span the step limit (max_epochs or max_steps) or the time budget
+        # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)
         if math.isfinite(total):  # warm-up from lr / (warmup + 1), as LinearLR does
@@ -227,7 +285,7 @@ class Classifier(L.LightningModule):
         scheduler = LambdaLR(
             optimizer,
             lambda step: warmup_cosine(
-                self.training_progress(step, total), warmup, hp.min_lr_fraction, start
+                self.training_progress(step, total), warmup, hp.min_lr_fraction, start, hp.decay
             ),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

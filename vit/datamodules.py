@@ -98,7 +98,10 @@ class InMemory(Dataset):
         return (images if self.raw else to_float(images)), self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self[torch.as_tensor(indices)]
+        index = torch.as_tensor(indices)
+        if self.images.is_cuda:  # from pinned memory, the copy does not wait for the GPU
+            index = index.pin_memory().to(self.images.device, non_blocking=True)
+        return self[index]
 
 
 def whole_batch(batch):
@@ -155,6 +158,12 @@ class InMemoryDataModule(L.LightningDataModule):
         wanted = {"fit": ("train", "val"), "validate": ("val",)}
         for name in wanted.get(stage, ("test",)):
             self.split(name)
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        if device is not None and device.type == "cuda":
+            # held on the GPU (CIFAR-10's 60,000 images are 184 MB as uint8): a batch is one
+            # index there, with no copy from the host at each step
+            for split in self.splits.values():
+                split.images, split.labels = split.images.to(device), split.labels.to(device)
 
     def train_dataloader(self) -> DataLoader:
         return batches(self.training_data(), self.batch_size, True, self.num_workers)

@@ -1,0 +1,419 @@
+"""The GPU check: what this toolkit does with a GPU's minutes, measured in one command.
+
+    make gpu-check                                  # on a machine with a GPU: about 8 minutes on an H100
+    python benchmarks/gpu_check.py --smoke          # any CPU, under a minute: the same steps at toy sizes
+
+Steps, each in its own process (a failing step is reported and the next one runs):
+
+1. tests: `pytest -m gpu` (fused against explicit attention, a training step, vit-eval, the
+   attention maps, the page and vit-attention score on the GPU against the CPU);
+2. demo: `configs/two_circles.yaml` trained, then vit-eval (test top-1, seconds);
+3. throughput: `benchmarks/throughput.py` in bf16, ours against timm and vit-pytorch, for the GPU
+   recipe's transformer at 32x32 and for ViT-S/16 at 224 (batch 256), each a share of the GPU's
+   bf16 matrix-product rate measured in the same run;
+4. speedrun: `configs/cifar10_gpu.yaml` for each budget (2 minutes and 20 s), then vit-eval with
+   and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the compilation
+   before the clock and the whole command's wall time;
+5. cnn_peer: airbench's 94% schedule on the same CIFAR-10 copy and GPU (`benchmarks/cnn_peer.py`).
+
+It writes `gpu_report.md` and `gpu_report.json` into `--out`, and each step's output into
+`--out/logs/`. CIFAR-10 comes from `--data`: image folders, torchvision's copy, or a pack made
+by `benchmarks/cifar10_pack.py` (unpacked first). `--smoke` runs every step on made-up data at
+toy sizes, on whatever device there is, so that the check is tested where no GPU is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
+
+from benchmarks.cifar10_pack import fake_cifar10, unpack  # noqa: E402
+
+STEPS = ("tests", "demo", "throughput", "speedrun", "cnn_peer")
+BUDGETS = {"120s": "00:00:02:00", "20s": "00:00:00:20"}
+SMOKE_BUDGETS = {"5s": "00:00:00:05"}
+# toy sizes for --smoke: the same configs and code paths, small enough for a CPU
+SMOKE_DEMO = [
+    "--model.vit.preset", "micro", "--data.init_args.num_train", "256", "--data.init_args.num_val", "64",
+    "--data.init_args.num_test", "64", "--trainer.max_epochs", "1",
+]  # fmt: skip
+SMOKE_SPEEDRUN = [
+    "--model.vit.dim", "32", "--model.vit.depth", "1", "--model.vit.heads", "2",
+    "--model.vit.conv_stem", "[8, 16, 32]", "--model.compile", "false",
+    "--data.init_args.batch_size", "16", "--data.init_args.val_size", "16",
+]  # fmt: skip
+SMOKE_THROUGHPUT = ["--systems", "ours", "--batch", "2", "--warmup", "1", "--rounds", "1", "--steps", "1"]
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def command_env() -> dict:
+    """The environment of every step: the checkout importable without an install."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run(commands: list[list[str]], log: Path, timeout: float) -> dict:
+    """Run `commands` one after the other (stopping at the first failure), their output appended
+    to `log`: {ok, seconds, why}."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log, "a") as f:
+        for command in commands:
+            f.write(f"$ {' '.join(command)}\n")
+            f.flush()
+            try:
+                done = subprocess.run(
+                    command, cwd=ROOT, env=command_env(), stdout=f, stderr=subprocess.STDOUT,
+                    timeout=max(timeout - (time.perf_counter() - start), 1),
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                return dict(
+                    ok=False, seconds=time.perf_counter() - start, why=f"timed out after {timeout:.0f} s"
+                )
+            if done.returncode != 0:
+                tail = log.read_text().strip().splitlines()[-40:] or [""]
+                what = Path(command[1]).name if len(command) > 1 else command[0]
+                why = f"{what} exited {done.returncode}: {tail[-1][:300]}"
+                return dict(ok=False, seconds=time.perf_counter() - start, why=why, log_tail=tail)
+    return dict(ok=True, seconds=time.perf_counter() - start, why=None)
+
+
+def environment() -> dict:
+    import torch
+
+    about = dict(
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
+    if torch.cuda.is_available():
+        about["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            query = ["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"]
+            about["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            about["driver"] = None
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+        about["cpu"] = ", ".join(
+            f"{key.lower()} {fields[key].strip()}"
+            for key in ("Model name", "CPU family", "Model")
+            if key in fields
+        )
+    except OSError:
+        about["cpu"] = platform.processor()
+    about["cpu_cores"] = os.cpu_count()
+    return about
+
+
+def prepare_data(data: str | None, out: Path, smoke: bool) -> Path:
+    """The CIFAR-10 folder the runs read: made up (--smoke), unpacked from a pack, or as given."""
+    if smoke:
+        return fake_cifar10(out / "data" / "cifar10-fake", per_class=8)
+    if data is None:
+        raise SystemExit(
+            "error: --data is needed without --smoke: CIFAR-10 folders, torchvision's copy or a pack"
+        )
+    path = Path(data)
+    if path.is_file():
+        folder = out / "data" / path.stem
+        if not (folder / "train").is_dir():
+            print(f"unpacking {path} into {folder}", flush=True)
+            unpack(path, folder)
+        return folder
+    if not path.is_dir():
+        raise SystemExit(f"error: --data {data}: no such folder or pack file")
+    return path
+
+
+def read_metrics(run_dir: Path) -> dict:
+    """Figures of a vit-train run from its metrics.csv: the last val/acc, the steps and epochs,
+    the minutes of training and the compilation before the clock."""
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+
+    def last(key):
+        values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+        return values[-1] if values else None
+
+    return dict(
+        val_acc=last("val/acc"),
+        steps=int(max(float(r["step"]) for r in rows if r.get("step"))) + 1,
+        epochs=int(last("epoch") or 0) + 1,
+        train_minutes=last("time/minutes"),
+        compile_seconds=last("time/compile_seconds"),
+    )
+
+
+def eval_top1(out: Path) -> float:
+    return json.loads((out / "metrics.json").read_text())["top1"]
+
+
+def train_and_eval(name: str, config: str, extra: list[str], out: Path, timeout: float, tta: bool) -> dict:
+    runs = out / "runs"
+    run_dir = runs / name / "version_0"
+    ckpt = run_dir / "checkpoints" / "best.ckpt"
+    log = out / "logs" / f"{name}.log"
+    logger = [f"--trainer.logger.init_args.{key}" for key in ("save_dir", "name", "version")]
+    where = [logger[0], str(runs), logger[1], name, logger[2], "version_0"]
+    train = python("-m", "vit.commands.train", "fit", "--config", config, *extra, *where)
+    start = time.perf_counter()
+    result = run([train], log, timeout)
+    result["train_wall_seconds"] = time.perf_counter() - start
+    if not result["ok"]:
+        return result
+    result.update(read_metrics(run_dir))
+    evals = [python("-m", "vit.commands.eval", "--ckpt", str(ckpt), "--out", str(out / "eval" / name))]
+    if tta:
+        evals.append(evals[0][:-1] + [str(out / "eval" / f"{name}-tta"), "--tta"])
+    result.update({k: v for k, v in run(evals, log, timeout).items() if k != "seconds"})
+    if result["ok"]:
+        result["test_top1"] = eval_top1(out / "eval" / name)
+        if tta:
+            result["test_top1_tta"] = eval_top1(out / "eval" / f"{name}-tta")
+    return result
+
+
+def step_tests(args, out: Path, data: Path) -> dict:
+    log = out / "logs" / "tests.log"
+    result = run(
+        [python("-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py")],
+        log,
+        args.timeout,
+    )
+    summary = re.findall(r"(\d+) (passed|failed|skipped|error)", log.read_text())
+    result["counts"] = {kind: int(n) for n, kind in summary}
+    if not result["ok"] and not result["counts"].get("failed") and result["counts"].get("skipped"):
+        result.update(ok=True, why=None)  # pytest exits 0 when all skip; kept for older pytests
+    return result
+
+
+def step_demo(args, out: Path, data: Path) -> dict:
+    extra = SMOKE_DEMO if args.smoke else []
+    return train_and_eval("demo", "configs/two_circles.yaml", extra, out, args.timeout, tta=False)
+
+
+def step_throughput(args, out: Path, data: Path) -> dict:
+    log = out / "logs" / "throughput.log"
+    # the GPU recipe's transformer (and ours with its stem, not a peer), then ViT-S/16 at 224
+    shapes = {
+        "cifar10_gpu": ["--systems", "ours", "ours+stem", "timm", "vit-pytorch", "--batch", "512"],
+        "vit-s16": ["--batch", "256"],
+    }
+    timed = ["--precisions", "bf16", "--rounds", "3"]
+    if args.smoke:
+        shapes, timed = {"cifar": SMOKE_THROUGHPUT}, ["--precisions", "fp32"]
+    commands = [
+        python(
+            "benchmarks/throughput.py",
+            "--model",
+            model,
+            "--json",
+            str(out / f"throughput-{model}.json"),
+            *extra,
+            *timed,
+        )  # fmt: skip
+        for model, extra in shapes.items()
+    ]
+    result = run(commands, log, args.timeout)
+    result["results"] = {
+        model: json.loads((out / f"throughput-{model}.json").read_text())
+        for model in shapes
+        if (out / f"throughput-{model}.json").is_file()
+    }
+    return result
+
+
+def step_speedrun(args, out: Path, data: Path) -> dict:
+    import torch
+
+    from benchmarks import gpu_recipe_cost
+
+    base = ["--data.init_args.root", str(data), "--data.init_args.download", "false"]
+    base += SMOKE_SPEEDRUN if args.smoke else []
+    budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
+    runs = {}
+    for label, budget in budgets.items():
+        extra = [*base, "--trainer.max_time", budget]
+        runs[label] = train_and_eval(
+            f"speedrun-{label}", "configs/cifar10_gpu.yaml", extra, out, args.timeout, tta=True
+        )
+        runs[label]["budget"] = budget
+    # the model stays one to look inside: its token grid, and where its forward FLOPs go
+    model, _ = gpu_recipe_cost.build(ROOT / "configs" / "cifar10_gpu.yaml")
+    flops = gpu_recipe_cost.flops_by_part(model, torch.rand(2, 3, 32, 32), train=False)
+    about = dict(grid=list(model.grid_size), forward_flops=flops)
+    return dict(ok=all(r["ok"] for r in runs.values()), why=None, runs=runs, model=about,
+                seconds=sum(r["seconds"] for r in runs.values()))  # fmt: skip
+
+
+def step_cnn_peer(args, out: Path, data: Path) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return dict(
+            ok=True, skipped=True, seconds=0.0, why="airbench trains on CUDA only: skipped on this machine"
+        )
+    log = out / "logs" / "cnn_peer.log"
+    command = python(
+        "benchmarks/cnn_peer.py", "--data", str(data), "--runs", "2", "--json", str(out / "cnn_peer.json")
+    )
+    result = run([command], log, args.timeout)
+    if result["ok"]:
+        result["results"] = json.loads((out / "cnn_peer.json").read_text())
+    return result
+
+
+STEP_FUNCTIONS = {
+    "tests": step_tests,
+    "demo": step_demo,
+    "throughput": step_throughput,
+    "speedrun": step_speedrun,
+    "cnn_peer": step_cnn_peer,
+}
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(report: dict) -> str:
+    """The report for people: the machine, then one section a step."""
+    env, steps = report["environment"], report["steps"]
+    lines = [f"# GPU check, {env['date']}", ""]
+    smoke = " (smoke: toy sizes and made-up data, no figure to quote)" if report["smoke"] else ""
+    lines.append(
+        f"{env.get('gpu', 'no GPU (CPU only)')}; driver {env.get('driver') or '-'}; torch {env['torch']}, "
+        f"CUDA {env['cuda'] or '-'}, Python {env['python']}; host CPU: {env['cpu']}, "
+        f"{env['cpu_cores']} cores. `{report['command']}`{smoke}; {report['seconds']:.0f} s in all."
+    )
+    lines.append("")
+    lines += ["| step | status | seconds |", "|---|---|---|"]
+    for name, step in steps.items():
+        status = step["why"] if step.get("skipped") else "ok" if step["ok"] else f"FAILED: {step['why']}"
+        lines.append(f"| {name} | {status} | {step['seconds']:.0f} |")
+    if "tests" in steps:
+        counts = steps["tests"].get("counts", {})
+        lines += ["", "## pytest -m gpu", "", ", ".join(f"{n} {k}" for k, n in counts.items()) or "no count"]
+    if "demo" in steps and steps["demo"]["ok"]:
+        d = steps["demo"]
+        lines += ["", "## Demo (configs/two_circles.yaml)", "",
+                  f"test top-1 {fmt(d.get('test_top1'), '.4f')}; {d['steps']} steps, {d['epochs']} epochs; "
+                  f"training command {d['train_wall_seconds']:.0f} s."]  # fmt: skip
+    if "throughput" in steps:
+        lines += ["", "## Throughput (benchmarks/throughput.py)", ""]
+        for model, result in steps["throughput"].get("results", {}).items():
+            lines.append(f"{model}, batch {result.get('batch')}:")
+            lines.append("")
+            lines.append("```")
+            lines.append(result.get("text", json.dumps(result.get("precisions", {}), indent=1)[:3000]))
+            lines.append("```")
+    if "speedrun" in steps:
+        columns = ["budget", "test top-1", "flip TTA", "val/acc", "steps", "epochs", "training min",
+                   "compile s", "command s"]  # fmt: skip
+        lines += ["", "## Speedrun (configs/cifar10_gpu.yaml)", ""]
+        if "model" in steps["speedrun"]:
+            grid, flops = steps["speedrun"]["model"]["grid"], steps["speedrun"]["model"]["forward_flops"]
+            shares = ", ".join(
+                f"{part} {flops[part] / flops['total']:.1%}" for part in ("stem", "attention", "MLP")
+            )
+            lines += [
+                f"{grid[0]}x{grid[1]} tokens; forward {flops['total'] / 1e9:.2f} GFLOP an image: {shares}",
+                "",
+            ]
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for r in steps["speedrun"]["runs"].values():
+            if not r["ok"]:
+                lines.append(f"| {r['budget']} | FAILED: {r['why']} |||||||")
+                continue
+            cells = [r["budget"], fmt(r.get("test_top1"), ".4f"), fmt(r.get("test_top1_tta"), ".4f"),
+                     fmt(r.get("val_acc"), ".4f"), r["steps"], r["epochs"],
+                     fmt(r.get("train_minutes"), ".2f"), fmt(r.get("compile_seconds"), ".1f"),
+                     f"{r['train_wall_seconds']:.0f}"]  # fmt: skip
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if "cnn_peer" in steps:
+        peer = steps["cnn_peer"]
+        lines += ["", "## CNN peer (airbench94, benchmarks/cnn_peer.py)", ""]
+        if peer.get("results"):
+            r = peer["results"]
+            lines.append(
+                f"test top-1 {fmt(r.get('mean_acc'), '.4f')} (TTA {fmt(r.get('mean_acc_tta'), '.4f')}), "
+                f"{fmt(r.get('mean_seconds'), '.2f')} s a run (airbench's own clock "
+                f"{fmt(r.get('mean_airbench_seconds'), '.2f')} s), mean of {len(r.get('runs', []))} runs"
+            )
+        else:
+            lines.append(peer.get("why") or "no result")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", help="CIFAR-10: image folders, torchvision's copy, or a pack (cifar10_pack.py)"
+    )
+    parser.add_argument("--out", default="runs/gpu_check", help="folder of the runs, the logs and the data")
+    parser.add_argument("--report", help="folder of gpu_report.md and gpu_report.json; default --out")
+    parser.add_argument(
+        "--steps", nargs="+", choices=STEPS, default=list(STEPS), help="default: all, in order"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="toy sizes and made-up data: seconds, on any device"
+    )
+    parser.add_argument("--timeout", type=float, default=600, help="seconds each step may take")
+    parser.add_argument(
+        "--deadline", type=float, default=None, metavar="SECONDS",
+        help="for the whole check: a step is stopped when it runs past it, and later ones are skipped",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    report_dir = Path(args.report).resolve() if args.report else out
+    for folder in (out, report_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    command = " ".join(["python benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])])
+    report = dict(command=command, smoke=args.smoke, environment=environment(), steps={})
+    print(json.dumps(report["environment"]), flush=True)
+    data = prepare_data(args.data, out, args.smoke) if {"speedrun", "cnn_peer"} & set(args.steps) else None
+    for name in args.steps:
+        left = None if args.deadline is None else args.deadline - (time.perf_counter() - start)
+        print(f"== {name}", flush=True)
+        if left is not None and left < 10:
+            result = dict(
+                ok=False, skipped=True, seconds=0.0, why=f"skipped: the {args.deadline:.0f} s deadline passed"
+            )
+        else:
+            step_args = argparse.Namespace(
+                **{**vars(args), "timeout": min(args.timeout, left or args.timeout)}
+            )
+            result = STEP_FUNCTIONS[name](step_args, out, data)
+        report["steps"][name] = result
+        status = "ok" if result["ok"] else f"FAILED: {result['why']}"
+        print(f"== {name}: {status} ({result['seconds']:.0f} s)", flush=True)
+        report["seconds"] = time.perf_counter() - start
+        (report_dir / "gpu_report.json").write_text(json.dumps(report, indent=1))
+        (report_dir / "gpu_report.md").write_text(markdown(report))
+    print(markdown(report))
+    if not all(step["ok"] for step in report["steps"].values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

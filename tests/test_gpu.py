@@ -1,0 +1,182 @@
+"""The same model on a GPU as on the CPU: the fused and explicit attention agree there, a
+training step runs, and vit-eval, the attention maps and vit-attention score give the CPU's
+results. Marked `gpu` and skipped without CUDA; `make gpu-check` runs them (`pytest -m gpu`).
+
+Tolerances, stated once: fp32 on the GPU with TF32 off agrees with the CPU to about 1e-5 in
+logits; bf16 keeps 8 bits of mantissa, so bf16 attention agrees with fp32 to about 2e-2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit import ViT
+from vit.attention_maps import METHODS, explain
+from vit.commands import eval as eval_command
+from vit.commands import score as score_command
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)"),
+]
+FP32 = dict(atol=1e-4, rtol=1e-4)  # logits of a tiny model, GPU (TF32 off) against the CPU
+BF16 = dict(atol=3e-2, rtol=3e-2)  # bf16 attention against fp32
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """Exact fp32 matmuls on the GPU (what this module compares with the CPU)."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("locality", [False, True])
+def test_fused_and_explicit_attention_agree_on_the_gpu(dtype, locality):
+    torch.manual_seed(0)
+    explicit = ViT(preset="mini", image_size=32, patch_size=4, fused_attn=False, locality_attention=locality)
+    fused = ViT(preset="mini", image_size=32, patch_size=4, fused_attn=True, locality_attention=locality)
+    fused.load_state_dict(explicit.state_dict())
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        a = explicit.cuda().eval()(x).float()
+        b = fused.cuda().eval()(x).float()
+    torch.testing.assert_close(a, b, **(FP32 if dtype == torch.float32 else BF16))
+
+
+def test_the_gpu_gives_the_cpus_logits():
+    torch.manual_seed(0)
+    model = ViT(
+        preset="mini", image_size=32, patch_size=4, conv_stem=[16, 32], conv_stem_strides=[1, 2]
+    ).eval()
+    x = torch.randn(4, 3, 32, 32)
+    cpu = model(x)
+    gpu = model.cuda()(x.cuda().contiguous(memory_format=torch.channels_last)).cpu()
+    torch.testing.assert_close(gpu, cpu, **FP32)
+
+
+def test_a_training_step_on_the_gpu_lowers_the_loss_in_bf16():
+    torch.manual_seed(0)
+    model = ViT(preset="mini", image_size=32, patch_size=4).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 3, 32, 32, device="cuda"), torch.randint(10, (32,), device="cuda")
+    losses = []
+    for _ in range(5):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0]
+    assert all(p.device.type == "cuda" for p in model.parameters())
+
+
+def test_vit_eval_on_the_gpu_gives_the_cpus_figures(trained_checkpoint, tmp_path):
+    figures = {}
+    for device in ("cpu", "cuda"):
+        eval_command.main(
+            ["--ckpt", str(trained_checkpoint), "--out", str(tmp_path / device), "--device", device]
+        )
+        figures[device] = json.loads((tmp_path / device / "metrics.json").read_text())
+    assert figures["cuda"]["top1"] == pytest.approx(figures["cpu"]["top1"], abs=1e-6)
+    assert figures["cuda"]["ece"] == pytest.approx(figures["cpu"]["ece"], abs=1e-4)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_attention_map_on_the_gpu_equals_the_cpus(trained, method):
+    model, data = trained
+    images = data.splits["test"].images[:8]
+    query = (1, 2) if method == "query" else None
+    cpu = explain(model.model, images, method=method, query_patch=query)
+    gpu_model = model.model.cuda()
+    try:
+        gpu = explain(gpu_model, images.cuda(), method=method, query_patch=query)
+    finally:
+        model.model.cpu()
+    torch.testing.assert_close(gpu.maps.cpu(), cpu.maps, atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(gpu.logits.cpu(), cpu.logits, **FP32)
+
+
+def test_the_attention_page_is_written_on_the_gpu_machine(trained_checkpoint, tmp_path):
+    from vit.commands import attention
+
+    attention.main(["--ckpt", str(trained_checkpoint), "--html", "--out", str(tmp_path), "--num_images", "4"])
+    page = next(tmp_path.glob("*.html"))
+    assert page.stat().st_size > 10_000
+
+
+def test_vit_attention_score_on_the_gpu_gives_the_cpus_figures(trained_checkpoint, tmp_path):
+    scores = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        score_command.main(
+            ["--ckpt", str(trained_checkpoint), "--num_images", "32", "--out", str(out), "--device", device]
+        )
+        scores[device] = json.loads((out / "scores.json").read_text())
+    assert_close_tree(scores["cuda"]["figures"], scores["cpu"]["figures"], tolerance=0.02)
+
+
+def assert_close_tree(a, b, tolerance: float, path: str = "") -> None:
+    """Every number of `a` within `tolerance` of `b`'s at the same place (NaN where NaN)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_close_tree(a[key], b[key], tolerance, f"{path}/{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_close_tree(x, y, tolerance, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tolerance, f"{path}: {a} vs {b}"
+    else:
+        assert a == b, path
+
+
+def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
+    """From the 3rd to the 10th step of a fit on the GPU (the data held there, augmented there, an
+    EMA of the weights, bf16, logging every 50 steps) nothing waits for the GPU: torch's
+    synchronisation debug mode reports no synchronising call."""
+    import warnings
+
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+
+    from benchmarks.cifar10_pack import fake_cifar10
+    from vit import ViTClassifier, ViTConfig
+    from vit.callbacks import EMA, ProgressBar
+    from vit.datamodules import CIFAR10
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 2:
+                torch.cuda.set_sync_debug_mode("warn")
+            elif batch_idx == 10:
+                torch.cuda.set_sync_debug_mode("default")
+
+    data = CIFAR10(root=str(fake_cifar10(tmp_path / "data", per_class=32)), val_size=32, batch_size=16,
+                   policy="trivial")  # fmt: skip
+    vit = ViTConfig(preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1])
+    model = ViTClassifier(vit=vit, decay="linear")
+    trainer = L.Trainer(
+        accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=12, log_every_n_steps=50,
+        callbacks=[Watch(), EMA(decay=0.99), ProgressBar(refresh_rate=50)], logger=False,
+        enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(model, data)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert data.splits["train"].images.is_cuda  # held on the GPU
+    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
+    assert not syncs, syncs
