@@ -27,6 +27,10 @@ PRESETS: dict[str, dict] = {
 
 @dataclass
 class ViTConfig:
+    """Every option of `vit.model.ViT`, in three groups: the ViT of the paper, the variants for
+    small data and for controls, and what other libraries' ViTs need to be loaded as this one."""
+
+    # ---- The ViT of the paper (Dosovitskiy et al. 2021) ----
     # the data: vit-train links these from the data module
     num_classes: int = 10  # 0: no head, the pooled features are the output (DINO's models)
     image_size: int | tuple[int, int] = 32
@@ -38,11 +42,31 @@ class ViTConfig:
     depth: int | None = None
     heads: int | None = None
     mlp_ratio: float | None = None
-    # positions and pooling
+    # positions, the class token and what the head reads
     pos_embed: Literal["learned", "sincos", "periodic", "none"] = "learned"  # periodic: wraps around
-    pool: Literal["cls", "mean"] = "cls"  # what the head reads: the class token, or the patches' mean
-    # the token layout and norms of the ViTs people study (timm's names in brackets)
     class_token: bool = True
+    pool: Literal["cls", "mean"] = "cls"  # what the head reads: the class token, or the patches' mean
+    # "timm": N(0, 0.02) weights, tokens and positions; "torch": PyTorch's default linear init and
+    # unit-scale tokens (vit-pytorch), which learns faster from scratch on small data here
+    init: Literal["timm", "torch"] = "torch"
+    # training
+    dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic-depth rate of the last block, linear from 0
+    fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax
+
+    # ---- Variants for small data and for controls (vit/layers.py) ----
+    patch_norm: bool = False  # LayerNorm before and after the patch projection (vit-pytorch)
+    shifted_patches: bool = False  # Shifted Patch Tokenization: patches see their neighbours
+    # channels of 3x3 convolutions (BatchNorm, ReLU) before the patch embedding (ConvStem); the
+    # patch grid stays the patch size's: the patch embedding takes the rest of the stride
+    conv_stem: list[int] | None = None
+    conv_stem_strides: list[int] | None = None  # one per conv_stem entry, 1 or 2; default 2s
+    locality_attention: bool = False  # learned temperature, no attention to oneself (LSA)
+    rel_pos_bias: bool = False  # a learned bias per head and patch offset (RelativePositionBias)
+    attn_window: int | None = None  # patches attend only within this Chebyshev distance (a control)
+    patch_dropout: float = 0.0  # share of patch tokens dropped at random in training
+
+    # ---- What other libraries' ViTs need (vit.load_pretrained; timm's names in brackets) ----
     num_registers: int = 0  # learned tokens that only take part in attention (Darcet et al. 2024)
     distilled: bool = False  # DeiT's distillation token and its head; inference averages both
     no_embed_class: bool = False  # position embeddings on the patches only [no_embed_class]
@@ -51,28 +75,10 @@ class ViTConfig:
     layer_scale: float | None = None  # LayerScale on both branches, from this value [init_values]
     qkv_bias: bool = True
     norm_eps: float = 1e-5  # LayerNorm's; timm's ViTs use 1e-6
-    # "timm": N(0, 0.02) weights, tokens and positions; "torch": PyTorch's default linear init and
-    # unit-scale tokens (vit-pytorch), which learns faster from scratch on small data here
-    init: Literal["timm", "torch"] = "torch"
     # per-channel mean and std the model subtracts and divides by, for weights trained on
     # normalised images (timm's, Hugging Face's); images still come in [0, 1]. None: none
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
-    # variants for small data and for controls (vit/layers.py)
-    attn_window: int | None = None  # patches attend only within this Chebyshev distance (a control)
-    rel_pos_bias: bool = False  # a learned bias per head and patch offset (RelativePositionBias)
-    locality_attention: bool = False  # learned temperature, no attention to oneself (LSA)
-    patch_norm: bool = False  # LayerNorm before and after the patch projection (vit-pytorch)
-    shifted_patches: bool = False  # Shifted Patch Tokenization: patches see their neighbours
-    # channels of 3x3 convolutions (BatchNorm, ReLU) before the patch embedding (ConvStem); the
-    # patch grid stays the patch size's: the patch embedding takes the rest of the stride
-    conv_stem: list[int] | None = None
-    conv_stem_strides: list[int] | None = None  # one per conv_stem entry, 1 or 2; default 2s
-    # training
-    dropout: float = 0.0
-    drop_path: float = 0.0  # stochastic-depth rate of the last block, linear from 0
-    patch_dropout: float = 0.0  # share of patch tokens dropped at random in training
-    fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax
 
     @property
     def num_prefix_tokens(self) -> int:

@@ -3,7 +3,9 @@
 - position tables: `sincos_2d` (fixed, MoCo v3; `periodic` for images that wrap around),
   `resample_pos_embed` (learned ones for another patch grid, as timm's);
 - attention: `window_mask` (a local-attention control), `RelativePositionBias` (BEiT, Swin);
-  locality self-attention is a subclass of `Attention`, beside it in vit/model.py;
+  locality self-attention is a subclass of `Attention`, beside it in vit/model.py; the pieces of
+  `Attention`'s two paths: `masked`, `Softmax` (fp32 weights a hook can record), `fused_attention`
+  (the same maths in one SDPA kernel) and `explicit_is_faster` (CPU bf16: the explicit path wins);
 - residual branches: `LayerScale` (CaiT, DINOv2), `DropPath` (stochastic depth);
 - tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021);
 - training: `drop_patches` (PatchDropout, Liu et al. 2022).
@@ -19,6 +21,41 @@ from einops import rearrange
 from torch import nn
 
 from vit.errors import UsageError
+
+
+def masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention scores with a mask applied: a boolean mask (True = may attend) puts -inf where
+    it is False, an additive one is added."""
+    if mask is None:
+        return scores
+    return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+
+
+class Softmax(nn.Module):
+    """The attention weights: softmax over the keys, in fp32 (CPU's bf16 kernel computes in fp32
+    inside and returns bf16, without an fp32 copy). A module of its own so that a hook can record
+    the weights (`vit.attention_maps.record_attention`), as vit-pytorch's recorder does."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        if explicit_is_faster(scores):
+            return scores.softmax(dim=-1)
+        return scores.softmax(dim=-1, dtype=torch.float32)
+
+
+def explicit_is_faster(x: torch.Tensor) -> bool:
+    """On CPU in bf16 the explicit path beats SDPA's flash kernel for ViT-sized sequences (its
+    backward is slow: benchmarks/README.md); in fp32 and on GPU SDPA is as fast or faster."""
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu"
+
+
+def fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | torch.Tensor, mask, dropout: float
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v in one kernel (`F.scaled_dot_product_attention`). SDPA
+    takes its scale as a number: a learned one (LocalityAttention's) scales q instead."""
+    if torch.is_tensor(scale):
+        q, scale = q * scale.to(q.dtype), 1.0
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
 
 
 def sincos_2d(

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from einops.layers.torch import Rearrange
 from torch import nn
@@ -28,7 +27,11 @@ from vit.layers import (
     LayerScale,
     RelativePositionBias,
     ShiftedPatches,
+    Softmax,
     drop_patches,
+    explicit_is_faster,
+    fused_attention,
+    masked,
     resample_pos_embed,
     sincos_2d,
     window_mask,
@@ -48,30 +51,13 @@ class FeedForward(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
-def explicit_is_faster(x: torch.Tensor) -> bool:
-    """On CPU in bf16 the explicit path beats SDPA's flash kernel for ViT-sized sequences (its
-    backward is slow: benchmarks/README.md); in fp32 and on GPU SDPA is as fast or faster."""
-    return x.dtype == torch.bfloat16 and x.device.type == "cpu"
-
-
-class Softmax(nn.Module):
-    """The attention weights: softmax over the keys, in fp32, rounded once to the input's dtype
-    (CPU's bf16 kernel does that inside, without an fp32 copy). A module of its own so that a
-    hook can record the weights (`vit.attention_maps.record_attention`), as vit-pytorch's
-    recorder does."""
-
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        if explicit_is_faster(scores):
-            return scores.softmax(dim=-1)
-        return scores.softmax(dim=-1, dtype=torch.float32)
-
-
 class Attention(nn.Module):
     """Multi-head self-attention: softmax(Q K^T / sqrt(d_head)) V, heads concatenated, projected.
 
-    `fused` (ViTConfig.fused_attn) runs `F.scaled_dot_product_attention` (fast, no weights);
-    otherwise the explicit computation, whose weights pass through `attend`. `mask` is boolean
-    (True = may attend, as in SDPA) or additive, broadcast to (batch, heads, tokens, tokens).
+    `fused` (ViTConfig.fused_attn) runs the same maths in one kernel,
+    `F.scaled_dot_product_attention`, which keeps no weights; the explicit path passes its weights
+    through `attend`, where a hook can record them. `mask` is boolean (True = may attend, as in
+    SDPA) or additive, broadcast to (batch, heads, tokens, tokens).
     """
 
     def __init__(self, config: ViTConfig):
@@ -87,29 +73,22 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.dim, config.dim)
         self.proj_drop = nn.Dropout(config.dropout)
 
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        scale, mask = self.scale_and_mask(mask, x.shape[1])
+        if not self.fused or explicit_is_faster(q):
+            scores = (q @ k.transpose(-2, -1)) * scale  # (B, heads, N, N)
+            weights = self.attend(masked(scores, mask)).to(v.dtype)  # softmax over the keys
+            out = self.attn_drop(weights) @ v  # (B, heads, N, d_head)
+        else:  # the same maths, fused
+            out = fused_attention(q, k, v, scale, mask, self.dropout if self.training else 0.0)
+        out = rearrange(out, "b h n d -> b n (h d)")  # heads concatenated
+        return self.proj_drop(self.proj(out))
+
     def scale_and_mask(
         self, mask: torch.Tensor | None, tokens: int
     ) -> tuple[float | torch.Tensor, torch.Tensor]:
         return self.scale, mask  # LocalityAttention learns the one and changes the other
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
-        scale, mask = self.scale_and_mask(mask, x.shape[1])
-        if self.fused and not explicit_is_faster(q):
-            if torch.is_tensor(scale):  # SDPA takes its scale as a number: a learned one scales q
-                q, scale = q * scale.to(q.dtype), 1.0
-            p = self.dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
-        else:
-            scores = (q @ k.transpose(-2, -1)) * scale  # (B, heads, N, N)
-            if mask is not None and mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            elif mask is not None:
-                scores = scores + mask
-            weights = self.attend(scores).to(v.dtype)
-            out = self.attn_drop(weights) @ v
-        out = rearrange(out, "b h n d -> b n (h d)")
-        return self.proj_drop(self.proj(out))
 
 
 class LocalityAttention(Attention):
