@@ -1,4 +1,4 @@
-"""What `vit-attention score` costs, and the demo run's evidence mass while it trained (issue 29).
+"""What `vit-attention score` costs, and the demo run's evidence mass while it trained.
 
     python benchmarks/explanations.py speed --ckpt runs/demo/train/checkpoints/best.ckpt
     python benchmarks/explanations.py speed --ckpt best.ckpt --images 100 --timm-images 2  # shorter

@@ -6,7 +6,7 @@ draw it in headless Chromium, and to redraw every small multiple when the query 
 
 Two models: a vit-train checkpoint's over --num-images test images (spread over the test split,
 as vit-attention takes them), and a timm model built with random weights (nothing downloaded)
-over random images. Targets (issue 30), on 2 cores: the demo model's page with 16 images under
+over random images. Targets, on 2 cores: the demo model's page with 16 images under
 about 1 MB; vit_small_patch16_224 (12 layers, 6 heads, 197 tokens) with 8 images under about
 30 MB, written in at most about 30 s, open and drawn in at most 3 s, a change of query redrawing
 every small multiple in at most 50 ms.

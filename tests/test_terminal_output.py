@@ -1,4 +1,4 @@
-"""What a user's terminal shows (issue 33): help texts without accidents, a progress bar and a
+"""What a user's terminal shows: help texts without accidents, a progress bar and a
 model summary that say true things, and none of Lightning's advertisements or deprecations."""
 
 import re

@@ -49,7 +49,7 @@ def test_measure_reports_every_system(precision):
             assert results["ours"][flops] == results["timm"][flops]
     text = table(precision, results, peak=gemm_peak(torch.float32, torch.device("cpu"), n=64, rounds=1))
     assert all(name in text for name in names)
-    if PEERS:  # the target against the fastest peer of the run, in both columns
+    if PEERS:  # the target against the fastest peer of the run, in both columns
         faster = max(PEERS, key=lambda n: results[n]["infer_ips"])
         last = text.splitlines()[-1]
         assert last.startswith(f"{precision} target, ours >= fastest peer ({TIE}x a tie): training ")
