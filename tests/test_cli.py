@@ -116,7 +116,7 @@ def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
 @pytest.mark.slow
 class Snapshots(L.Callback):
     """The network's buffers and gradients when fit starts and when training starts: between the
-    two, `compile: true` compiles (Classifier.compile_now)."""
+    two, `compile: true` compiles (vit.classifier.compile_now)."""
 
     def on_fit_start(self, trainer, pl_module):
         self.before = [b.clone() for b in pl_module.model.buffers()]

@@ -1,19 +1,116 @@
-"""vit-train's callbacks beside Lightning's: a progress bar and a model summary that say true
-things (the epoch under a time budget, the learning rate, the FLOPs of the network), `EMA`, a
-moving average of the weights, and `EvidenceMass`, which follows where the model's maps look
-while it learns."""
+"""vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget, a
+progress bar and a model summary that say true things (the epoch under a time budget, the
+learning rate, the FLOPs of the network), `EMA`, a moving average of the weights, and
+`EvidenceMass`, which follows where the model's maps look while it learns."""
 
 from __future__ import annotations
 
 import itertools
 
+import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgressBar, WeightAveraging
+from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgressBar, Timer, WeightAveraging
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.classifier import training_timer
+
+def training_timer(trainer: L.Trainer) -> Timer | None:
+    """The trainer's clock: --trainer.max_time's Timer, or the one `Classifier` adds."""
+    return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+
+
+def budget_callbacks(trainer: L.Trainer) -> list[Callback]:
+    """A `TimeBudget` and its clock, each where the trainer has none. The clock is Lightning's
+    Timer, which starts with training (the sanity check excluded, validation included) and keeps
+    the elapsed time in checkpoints: --trainer.max_time adds one with that budget; otherwise one
+    without a budget keeps `time/minutes`."""
+    kinds = (Timer, TimeBudget)
+    return [kind() for kind in kinds if not any(isinstance(c, kind) for c in trainer.callbacks)]
+
+
+class TimeBudget(Callback):
+    """Training to a wall-clock budget (--trainer.max_time) on Lightning's `Timer`: the schedule's
+    progress is the further ahead of the step limit's and the budget's (`progress`, which the
+    learning rate and ViTClassifier's `patch_dropout_end` read), and training stops where the
+    schedule ends, early enough for the last validation and the checkpoints to fit in the budget.
+    The room kept at the end is 1.5 times the last training step and the longest validation yet;
+    checkpoints keep it (`time_reserve_seconds`) beside the Timer's elapsed time, so that a
+    resumed run continues the same clock and schedule. After each validation, logs the minutes
+    of training so far as `time/minutes`. Without a budget, progress is by steps alone.
+    `Classifier.configure_callbacks` adds one where the trainer has none."""
+
+    def __init__(self):
+        # the longest validation and the last training step of this fit, in seconds, on the
+        # training clock (which runs through validation)
+        self.seconds = {"validation": 0.0, "step": 0.0}
+        self._progress = 0.0  # of the schedule, as the learning rate of the last step read it
+        self._started = 0.0  # the clock's reading when the current step or validation began
+
+    def budget(self, trainer: L.Trainer) -> float | None:
+        """Seconds of training the schedule spans with --trainer.max_time: the budget less room
+        for one more step and the last validation, or None without a budget."""
+        timer = training_timer(trainer)
+        if timer is None or timer.time_remaining() is None:
+            return None
+        budget = timer.time_elapsed() + timer.time_remaining()
+        return max(budget - 1.5 * (self.seconds["validation"] + self.seconds["step"]), 0.0)
+
+    def progress(self, trainer: L.Trainer, step: int, total: float) -> float:
+        """How far training is (1 at its end): by optimizer steps of the step limit `total`, or by
+        time of the time budget, whichever is further ahead."""
+        progress = step / total
+        if (budget := self.budget(trainer)) is not None:
+            by_time = training_timer(trainer).time_elapsed() / budget if budget else 1.0
+            # with several processes, rank 0's clock sets every process's learning rate
+            progress = max(progress, trainer.strategy.broadcast(by_time))
+        self._progress = progress
+        return progress
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._started = training_timer(trainer).time_elapsed()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.seconds["step"] = training_timer(trainer).time_elapsed() - self._started
+        # The schedule's end: stop now, so that the last validation (which Lightning runs when
+        # training stops early) and the checkpoints fit within --trainer.max_time.
+        # Decided on the clock reading the scheduler took for this step's learning rate (before this
+        # hook; rank 0's, with several processes): a later reading could stop training one step
+        # short of the schedule's end, above its floor.
+        if self.budget(trainer) is not None:
+            trainer.should_stop = trainer.should_stop or self._progress >= 1
+
+    def _fitting(self, trainer: L.Trainer) -> bool:
+        return trainer.state.fn == "fit" and not trainer.sanity_checking
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._fitting(trainer):
+            self._started = training_timer(trainer).time_elapsed()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._fitting(trainer):
+            seconds = training_timer(trainer).time_elapsed() - self._started
+            self.seconds["validation"] = max(self.seconds["validation"], seconds)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        # minutes of training so far (across resumes), beside val/acc: accuracy against wall time
+        # (every process logs its own; with several, the mean)
+        if self._fitting(trainer):
+            pl_module.log("time/minutes", training_timer(trainer).time_elapsed() / 60, sync_dist=True)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # at the checkpoint's top level (not under `callbacks`): the key that older checkpoints
+        # hold too, so that they resume the same way
+        checkpoint["time_reserve_seconds"] = dict(self.seconds)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self.seconds.update(checkpoint.get("time_reserve_seconds", {}))
+
+
+def training_progress(trainer: L.Trainer, step: int, total: float) -> float:
+    """How far training is (1 at its end) after `step` optimizer steps of the step limit `total`,
+    as the trainer's `TimeBudget` reads it: what the learning rate and any other schedule follow."""
+    return next(c for c in trainer.callbacks if isinstance(c, TimeBudget)).progress(trainer, step, total)
 
 
 class ProgressBar(RichProgressBar):

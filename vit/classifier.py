@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Timer
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
+from vit.callbacks import budget_callbacks, training_progress
 from vit.cnn import BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
@@ -70,16 +71,73 @@ def warmup_cosine(
     return min_lr_fraction + (1 - min_lr_fraction) * left
 
 
-def training_timer(trainer: L.Trainer) -> Timer | None:
-    return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+def warmup_decay(
+    optimizer: torch.optim.Optimizer,
+    progress: Callable[[int], float],
+    total: float,
+    warmup_fraction: float,
+    min_lr_fraction: float,
+    decay: str = "cosine",
+) -> LambdaLR:
+    """`warmup_cosine` as a scheduler of `optimizer`, at the `progress` of training after each
+    optimizer step. With a finite step limit `total`, the warm-up takes whole steps and starts
+    from lr / (steps + 1), as LinearLR does; without one (a time budget alone) it takes
+    `warmup_fraction` of the time from 0."""
+    if math.isfinite(total):
+        steps = min(max(int(total * warmup_fraction), 1), int(total) - 1) if total > 1 else 0
+        warmup, start = steps / total, 1 / (steps + 1)
+    else:
+        warmup, start = warmup_fraction, 0.0
+    return LambdaLR(
+        optimizer, lambda step: warmup_cosine(progress(step), warmup, min_lr_fraction, start, decay)
+    )
+
+
+def compile_now(classifier: Classifier) -> None:
+    """Run a classifier's compiled network once as training will (forward and backward of a
+    batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
+    one), on random images, so that compilation happens here, before the training clock
+    (Lightning's Timer) starts: a time budget then buys steps, not compilation. Weights, buffers
+    (BatchNorm's statistics) and gradients are left as they were; the seconds are printed and
+    logged as `time/compile_seconds`."""
+    network, trainer, hparams = classifier.model, classifier.trainer, classifier.hparams
+    datamodule = trainer.datamodule
+    size, channels = hparams.get("image_size"), hparams.get("in_channels")
+    if datamodule is None or size is None or channels is None:
+        return
+    height, width = (size, size) if isinstance(size, int) else size
+    start = time.perf_counter()
+    buffers = [b.clone() for b in network.buffers()]
+    batch = datamodule.batch_size
+    val = len(datamodule.split("val").labels)
+    with trainer.precision_plugin.forward_context():
+        images = torch.rand(batch, channels, height, width, device=classifier.device)
+        if images.is_cuda:
+            images = images.contiguous(memory_format=torch.channels_last)
+        network.train()
+        network(images).float().sum().backward()
+        network.eval()
+        with torch.inference_mode():
+            for n in {min(batch, val), val % batch} - {0}:
+                network(images[:n].clone())
+    network.train()
+    network.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for saved, buffer in zip(buffers, network.buffers(), strict=True):
+            buffer.copy_(saved)
+    seconds = time.perf_counter() - start
+    print(f"compiled in {seconds:.1f} s, before the training clock starts")
+    if classifier.logger is not None:
+        classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
 
 
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then a cosine
-    (or linear) decay.
-    `compile: true` trains through `torch.compile` (same math, fewer passes over memory),
-    compiled before training starts, so that a time budget counts training alone.
+    (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`, which
+    `configure_callbacks` adds), whichever ends first. `compile: true` trains through
+    `torch.compile` (same math, fewer passes over memory), compiled before the training clock
+    starts (`compile_now`), so that a time budget counts training alone.
 
     Subclasses build `self.model` and pass these training settings through `**kwargs`.
     """
@@ -111,10 +169,6 @@ class Classifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        # the longest validation and the last training step of this fit, in seconds: the room a
-        # time budget keeps at its end
-        self._seconds = {"validation": 0.0, "step": 0.0}
-        self._progress = 0.0  # of the schedule, as the learning rate of the last step read it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -151,115 +205,30 @@ class Classifier(L.LightningModule):
             torch.set_float32_matmul_precision("high")
 
     def configure_callbacks(self) -> list:
-        # The training clock: Lightning's Timer, which starts with training (the sanity check
-        # excluded, validation included) and keeps the elapsed time in checkpoints. --trainer.
-        # max_time adds one with that budget; otherwise one without a budget keeps time/minutes.
-        return [] if training_timer(self.trainer) is not None else [Timer(duration=None)]
-
-    def time_budget(self) -> float | None:
-        """Seconds of training the schedule spans with --trainer.max_time: the budget less room
-        for one more step and the last validation (1.5 times the last step and the longest
-        validation yet), or None without a budget."""
-        timer = training_timer(self.trainer)
-        if timer is None or timer.time_remaining() is None:
-            return None
-        budget = timer.time_elapsed() + timer.time_remaining()
-        return max(budget - 1.5 * (self._seconds["validation"] + self._seconds["step"]), 0.0)
-
-    def training_progress(self, step: int, total: float) -> float:
-        """How far training is (1 at its end): by optimizer steps of the step limit, or by time of
-        the time budget, whichever is further ahead."""
-        progress = step / total
-        if (budget := self.time_budget()) is not None:
-            by_time = training_timer(self.trainer).time_elapsed() / budget if budget else 1.0
-            # with several processes, rank 0's clock sets every process's learning rate
-            progress = max(progress, self.trainer.strategy.broadcast(by_time))
-        self._progress = progress
-        return progress
+        return budget_callbacks(self.trainer)  # the time budget and its clock, where they are missing
 
     def on_fit_start(self) -> None:
         if self.hparams.compile:
-            self.compile_now()
-
-    def compile_now(self) -> None:
-        """Run the compiled network once as training will (forward and backward of a batch, in the
-        trainer's precision) and as validation will (a full batch and the last, shorter one), on
-        random images, so that compilation happens here, before the training clock (Lightning's
-        Timer) starts: a time budget then buys steps, not compilation. Weights, buffers (BatchNorm's
-        statistics) and gradients are left as they were; the seconds are printed and logged as
-        `time/compile_seconds`."""
-        datamodule = self.trainer.datamodule
-        size, channels = self.hparams.get("image_size"), self.hparams.get("in_channels")
-        if datamodule is None or size is None or channels is None:
-            return
-        height, width = (size, size) if isinstance(size, int) else size
-        start = time.perf_counter()
-        buffers = [b.clone() for b in self.model.buffers()]
-        batch = datamodule.batch_size
-        val = len(datamodule.split("val").labels)
-        with self.trainer.precision_plugin.forward_context():
-            images = torch.rand(batch, channels, height, width, device=self.device)
-            if images.is_cuda:
-                images = images.contiguous(memory_format=torch.channels_last)
-            self.model.train()
-            self.model(images).float().sum().backward()
-            self.model.eval()
-            with torch.inference_mode():
-                for n in {min(batch, val), val % batch} - {0}:
-                    self.model(images[:n].clone())
-        self.model.train()
-        self.model.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for saved, buffer in zip(buffers, self.model.buffers(), strict=True):
-                buffer.copy_(saved)
-        seconds = time.perf_counter() - start
-        print(f"compiled in {seconds:.1f} s, before the training clock starts")
-        if self.logger is not None:
-            self.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self._step_started = training_timer(self.trainer).time_elapsed()
+            compile_now(self)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        self._seconds["step"] = training_timer(self.trainer).time_elapsed() - self._step_started
         # after the first step (for the progress bar) and on the steps Lightning writes to the
         # logger: a number logged becomes a tensor on the device, a copy that waits for the GPU,
         # which would stall it at every step
         if self.global_step == 1 or self.global_step % self.trainer.log_every_n_steps == 0:
             lr = self.lr_schedulers().get_last_lr()[-1]
             self.log("train/lr", lr, prog_bar=True, on_step=True, on_epoch=False)
-        # The schedule's end: stop now, so that the last validation (which Lightning runs when
-        # training stops early) and the checkpoints fit within --trainer.max_time.
-        # Decided on the clock reading the scheduler took for this step's learning rate (before this
-        # hook; rank 0's, with several processes): a later reading could stop training one step
-        # short of the schedule's end, above its floor.
-        if self.time_budget() is not None:
-            self.trainer.should_stop = self.trainer.should_stop or self._progress >= 1
-
-    def on_validation_end(self) -> None:
-        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
-            seconds = training_timer(self.trainer).time_elapsed("validate")
-            self._seconds["validation"] = max(self._seconds["validation"], seconds)
-
-    def on_validation_epoch_end(self) -> None:
-        # minutes of training so far (across resumes), beside val/acc: accuracy against wall time
-        # (every process logs its own; with several, the mean)
-        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
-            minutes = training_timer(self.trainer).time_elapsed() / 60
-            self.log("time/minutes", minutes, sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # how image files become model input, so that a checkpoint alone classifies and draws them
         preparation = getattr(self.trainer.datamodule, "preparation", None)
         if preparation is not None:
             checkpoint["preparation"] = preparation.to_dict()
-        checkpoint["time_reserve_seconds"] = dict(self._seconds)
         checkpoint[compat.CHECKPOINT_KEY] = compat.FORMAT_VERSION
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning loads the weights: checkpoints of older versions read as today's
         compat.checkpoint(checkpoint)
-        self._seconds.update(checkpoint.get("time_reserve_seconds", {}))
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "val", self.val_acc)
@@ -277,17 +246,10 @@ class Classifier(L.LightningModule):
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)
-        if math.isfinite(total):  # warm-up from lr / (warmup + 1), as LinearLR does
-            steps = min(max(int(total * hp.warmup_fraction), 1), int(total) - 1) if total > 1 else 0
-            warmup, start = steps / total, 1 / (steps + 1)
-        else:
-            warmup, start = hp.warmup_fraction, 0.0
-        scheduler = LambdaLR(
-            optimizer,
-            lambda step: warmup_cosine(
-                self.training_progress(step, total), warmup, hp.min_lr_fraction, start, hp.decay
-            ),
-        )
+        scheduler = warmup_decay(
+            optimizer, lambda step: training_progress(self.trainer, step, total), total,
+            hp.warmup_fraction, hp.min_lr_fraction, hp.decay,
+        )  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -340,11 +302,10 @@ class ViTClassifier(Classifier):
         self.model = model
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
         start, end = self.model.config.patch_dropout, self.hparams.patch_dropout_end
         if end is not None:
             total = max(self.trainer.estimated_stepping_batches, 1)
-            progress = min(self.training_progress(self.global_step, total), 1.0)
+            progress = min(training_progress(self.trainer, self.global_step, total), 1.0)
             self.model.patch_dropout = start + (end - start) * progress
             self.log("train/patch_dropout", self.model.patch_dropout, on_step=True, on_epoch=False)
 
