@@ -20,7 +20,8 @@ from helpers import ROOT, command_error
 
 import vit
 from vit.attention_maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
-from vit.commands.attention import main, spread_test_images
+from vit.commands.attention import main
+from vit.commands.inputs import spread_test_images
 from vit.errors import UsageError
 from vit.explorer import Explorer, explore, quantise
 from vit.model import ViT

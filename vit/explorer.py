@@ -35,10 +35,10 @@ import torch
 from PIL import Image
 
 from vit.attention_maps import (
-    HEAD_FUSIONS,
     METHODS,
     attention_rollout,
     attention_weights,
+    check_head_fusion,
     gradient_rollout,
     patch_token,
     select_heads,
@@ -168,8 +168,7 @@ def explore(
         raise UsageError("method 'query' needs a query_patch (row, column), and only it takes one")
     if method == "cls" and model.cls_token is None:
         raise UsageError("this model has no class token: use method query, rollout or grad-rollout")
-    if head_fusion not in HEAD_FUSIONS:
-        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    check_head_fusion(head_fusion)
     if top_k < 1:
         raise UsageError(f"top_k={top_k} must be at least 1")
     if captions is not None and len(captions) != len(images):

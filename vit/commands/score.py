@@ -5,9 +5,9 @@ insertion, against the evidence where the data knows it, and by sanity checks (`
     vit-attention score --ckpt best.ckpt --methods rollout grad-rollout random --num_images 128
     vit-attention score --model timm:deit_small_patch16_224 --weights deit.safetensors --images photos/
 
-Loads as `vit-attention` does; prints the tables; with `--out`, writes scores.json (protocol,
-settings, figures, curves) and the figures. Bad input is one line `error: ...` (exit 2 or 1),
-checked before anything is computed or written.
+Loads as `vit-attention` does (`vit.commands.inputs`); prints the tables; with `--out`, writes
+scores.json (protocol, settings, figures, curves) and the figures. Bad input is one line
+`error: ...` (exit 2 or 1), checked before anything is computed or written.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
-from vit.commands.eval import DEVICES
+from vit.commands.inputs import DEVICES, check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
 # The keys of `vit.explanations.METHODS`, here so that --help needs no torch (a test checks them).
@@ -79,12 +79,9 @@ def score(
     the tables and, with `out`, write scores.json and the figures. Returns the results."""
     import torch
 
-    from vit.checkpoint import check_source, load_checkpoint, load_network
-    from vit.commands.attention import spread_test_images
-    from vit.commands.eval import torch_device
+    from vit.checkpoint import check_source
     from vit.datamodules import ImageFolders
     from vit.explanations import METHODS, score
-    from vit.model import ViT
     from vit.plot import (
         evidence_figure,
         layers_heads_evidence_figure,
@@ -92,32 +89,23 @@ def score(
         randomisation_figure,
         save_all,
     )
-    from vit.preparation import image_files, read_images
 
     started = time.perf_counter()
     check_source(ckpt, model, weights)
     unknown = [m for m in methods or [] if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-    if num_images < 1 or batch_size < 1:
-        raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
-    if model is not None and not images:
-        raise UsageError("--model has no test set: give image files with --images")
+    check_counts(num_images, batch_size)
+    check_images(model, images)
     check_out_folder(out)
     device = torch_device(device)
-    evidence, labels, why = None, None, None
-    if images:
-        network, preparation = load_network(ckpt, model, weights)
-        batch = read_images(image_files(images), preparation)
+    inputs = load_inputs(ckpt, model, weights, images, num_images)
+    network, batch, labels, datamodule = inputs.model, inputs.images, inputs.labels, inputs.datamodule
+    evidence, why = None, None
+    if datamodule is None:
         what = f"{len(batch)} image files"
         why = "image files given with --images carry no evidence"
     else:
-        classifier, datamodule = load_checkpoint(ckpt)
-        if datamodule is None:
-            raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
-        datamodule.prepare_data()
-        network = classifier.model
-        batch, labels, indices = spread_test_images(datamodule, num_images)
         pixels = datamodule.evidence("test")
         what = f"{len(batch)} test images of {type(datamodule).__name__}"
         if pixels is None:
@@ -125,9 +113,7 @@ def score(
             if isinstance(datamodule, ImageFolders):
                 why += f" (no masks in {datamodule.root}/masks/test/<class>/<image>.png)"
         else:
-            evidence = pixels[indices]
-    if not isinstance(network, ViT):
-        raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
+            evidence = pixels[inputs.indices]
     if methods and "evidence" in methods and evidence is None:
         raise UsageError(f"--methods evidence needs data with evidence: {why}")
     network.to(device)
