@@ -26,7 +26,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
+from vit.commands.base import (
+    Parser,
+    add_images_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
 from vit.commands.inputs import check_counts, check_images, load_inputs
 from vit.errors import UsageError
 
@@ -279,13 +285,7 @@ def parser() -> Parser:
     )
     add = parser.add_argument
     add_source_arguments(parser)
-    add(
-        "--images",
-        nargs="+",
-        default=None,
-        metavar="PATH",
-        help="image files or folders of them; default: test images of the checkpoint's data set",
-    )
+    add_images_argument(parser)
     add(
         "--num-images",
         "--num_images",

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
-from vit.commands.inputs import DEVICES, torch_device
+from vit.commands.base import Parser, add_device_argument, add_source_arguments, check_out_folder, run_command
+from vit.commands.inputs import torch_device
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ def evaluate_parser() -> Parser:
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="folder for metrics.json and the plots; null: print only"
     )
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add_device_argument(parser)
     return parser
 
 
@@ -308,7 +308,7 @@ def predict_parser() -> Parser:
     parser.add_argument(
         "--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass"
     )
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add_device_argument(parser)
     return parser
 
 

@@ -16,8 +16,15 @@ import json
 import time
 from pathlib import Path
 
-from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
-from vit.commands.inputs import DEVICES, check_counts, check_images, load_inputs, torch_device
+from vit.commands.base import (
+    Parser,
+    add_device_argument,
+    add_images_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
+from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
 # The keys of `vit.explanations.METHODS`, here so that --help needs no torch (a test checks them).
@@ -165,8 +172,7 @@ def parser() -> Parser:
     )
     add = parser.add_argument
     add_source_arguments(parser)
-    add("--images", nargs="+", default=None, metavar="PATH",
-        help="image files or folders of them; default: test images of the checkpoint's data set")  # fmt: skip
+    add_images_argument(parser)
     add("--num-images", "--num_images", type=int, default=512, metavar="N",
         help="how many test images, spread over the test split")  # fmt: skip
     add("--methods", nargs="+", default=None, metavar="METHOD",
@@ -180,7 +186,7 @@ def parser() -> Parser:
         help="folder for scores.json and the figures; default: print only",
     )
     add("--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
-    add("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add_device_argument(parser)
     add("--seed", type=int, default=0, help="the random map, tie-breaking and re-initialisation")
     return parser
 
