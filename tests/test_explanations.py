@@ -1,4 +1,4 @@
-"""Which map tells the truth (issue 29): the scores of vit.explanations, the evidence of the data
+"""Which map tells the truth: the scores of vit.faithfulness, the evidence of the data
 modules, `vit-attention score` and the EvidenceMass callback."""
 
 import csv
@@ -14,7 +14,7 @@ from vit import ImageFolders, TwoCircles, compat
 from vit.commands import score as score_command
 from vit.commands import train as cli
 from vit.commands.attention import main as attention_main
-from vit.explanations import (
+from vit.faithfulness import (
     METHODS,
     area,
     evidence_scores,

@@ -209,7 +209,7 @@ def read_scores(path: str | Path, page: Path | None) -> dict:
     """The figures of a scores.json written by `vit-attention score`, for the page."""
     import json
 
-    from vit.explanations import headline
+    from vit.faithfulness import headline
 
     if page is None:
         raise UsageError("--scores goes with --html: the page shows them")
@@ -225,7 +225,7 @@ def write_page(
     path: Path, model: ViT, batch, captions, names, options: dict, rollout: dict, batch_size: int, started
 ) -> Path:
     """The page of `vit.explore` for `batch`, written to `path`."""
-    from vit.explorer import explore
+    from vit.page import explore
 
     found = explore(model, batch, captions, names, **options, **rollout, batch_size=batch_size)
     path = found.save(path)

@@ -1,5 +1,5 @@
 """`vit-attention score`: which map tells the truth? Every method's maps scored by deletion and
-insertion, against the evidence where the data knows it, and by sanity checks (`vit.explanations`).
+insertion, against the evidence where the data knows it, and by sanity checks (`vit.faithfulness`).
 
     vit-attention score --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/scores
     vit-attention score --ckpt best.ckpt --methods rollout grad-rollout random --num_images 128
@@ -27,13 +27,13 @@ from vit.commands.base import (
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
-# The keys of `vit.explanations.METHODS`, here so that --help needs no torch (a test checks them).
+# The keys of `vit.faithfulness.METHODS`, here so that --help needs no torch (a test checks them).
 METHOD_NAMES = ("attention", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
 
 
 def table(results: dict) -> str:
-    """The figures of `vit.explanations.score` as text tables: perturbation, evidence, sanity."""
-    from vit.explanations import as_text as cell
+    """The figures of `vit.faithfulness.score` as text tables: perturbation, evidence, sanity."""
+    from vit.faithfulness import as_text as cell
 
     figures = results["figures"]
     width = max(len(m) for m in figures) + 2
@@ -88,7 +88,7 @@ def score(
 
     from vit.checkpoint import check_source
     from vit.datamodules import ImageFolders
-    from vit.explanations import METHODS, score
+    from vit.faithfulness import METHODS, score
     from vit.plot import (
         evidence_figure,
         layers_heads_evidence_figure,

@@ -1,5 +1,5 @@
-"""Which map tells the truth? Scores for the maps of `vit.attention_maps`, against the model's
-behaviour and, where the data knows it, against the evidence (issue 29).
+"""Which map tells the truth? Faithfulness scores for the maps of `vit.attention_maps`, against the
+model's behaviour and, where the data knows it, against the evidence.
 
 - Perturbation (Chefer et al. 2021's positive and negative perturbation; RISE's deletion):
   patches are replaced by the data's mean colour in the map's order, most relevant first

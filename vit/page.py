@@ -3,7 +3,7 @@
     page = vit.explore(model, images)   # in Jupyter, `page` shows itself inline
     page.save("attention.html")         # the same page as a file: opens offline, can be mailed
 
-The page (the template `vit/explorer.html`: markup, style and one small script, no framework, no
+The page (the template `vit/page.html`: markup, style and one small script, no framework, no
 network) holds the images and, per image, every layer's and head's attention weights, the
 attention rollout through each layer and the gradient-weighted rollout for the top classes. The
 user picks an image, hovers or clicks a patch or a prefix token (class, distillation, register:
@@ -259,7 +259,7 @@ def explore(
         "colormaps": colormap_tables(),
         "scores": scores,  # "Which map tells the truth?": per-method scores, when measured
     }
-    template = files("vit").joinpath("explorer.html").read_text(encoding="utf-8")
+    template = files("vit").joinpath("page.html").read_text(encoding="utf-8")
     # inside <script type="application/json">, "</" would end it and "<!--" change how it ends
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\u0021--")
     return Explorer(data, template.replace(PLACEHOLDER, text))
