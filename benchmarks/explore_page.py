@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import load_checkpoint, load_network
-from vit.commands.attention import spread_test_images
-from vit.explorer import explore
+from vit.commands.inputs import spread_test_images
+from vit.page import explore
 
 # the page's timings once the query's drawing is on screen (two animation frames later)
 TIMINGS = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(window.explore.timings))))"  # noqa: E501

@@ -7,7 +7,8 @@ from helpers import command_error
 from PIL import Image
 
 from vit import CNNClassifier
-from vit.commands.attention import attention, main, parser, patch, spread_test_images
+from vit.commands.attention import attention, main, parser, patch
+from vit.commands.inputs import spread_test_images
 from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
 
 PNG = b"\x89PNG"

@@ -1,4 +1,4 @@
-"""Which map tells the truth: the scores of vit.explanations, the evidence of the data
+"""Which map tells the truth: the scores of vit.faithfulness, the evidence of the data
 modules, `vit-attention score` and the EvidenceMass callback."""
 
 import csv
@@ -14,7 +14,7 @@ from vit import ImageFolders, TwoCircles, compat
 from vit.commands import score as score_command
 from vit.commands import train as cli
 from vit.commands.attention import main as attention_main
-from vit.explanations import (
+from vit.faithfulness import (
     METHODS,
     area,
     evidence_scores,
@@ -251,7 +251,7 @@ def test_training_logs_the_evidence_mass_after_each_validation(runs):
 
 
 def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tmp_path, capsys):
-    """The explore page leaves a place for these scores: `vit-attention --html --scores FILE`."""
+    """Issue 30's page leaves a place for these scores: `vit-attention --html --scores FILE`."""
     attention_main(["score", "--ckpt", trained_checkpoint, "--num_images", "8", "--no-sanity",
                     "--methods", "rollout", "evidence", "--out", tmp_path / "scores"])  # fmt: skip
     scores = tmp_path / "scores" / "scores.json"

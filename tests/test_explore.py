@@ -20,10 +20,11 @@ from helpers import ROOT, command_error
 
 import vit
 from vit.attention_maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
-from vit.commands.attention import main, spread_test_images
+from vit.commands.attention import main
+from vit.commands.inputs import spread_test_images
 from vit.errors import UsageError
-from vit.explorer import Explorer, explore, quantise
 from vit.model import ViT
+from vit.page import Explorer, explore, quantise
 
 SCREENSHOT = ROOT / "docs" / "explore.png"  # the README shows it
 
@@ -334,7 +335,7 @@ def test_the_keyboard_and_the_mouse_move_the_query(browser, command_page):
 
 def test_the_page_reads_base85_as_python_writes_it(browser):
     """Every length of the last group (0 to 3 bytes), and the largest values."""
-    template = (Path(vit.__file__).parent / "explorer.html").read_text(encoding="utf-8")
+    template = (Path(vit.__file__).parent / "page.html").read_text(encoding="utf-8")
     decoder = template[template.index("  const B85 =") : template.index("  const LUT = {};")]
     page = browser.new_page()
     page.evaluate(f"() => {{ window.bytes85 = (() => {{ {decoder} return bytes85; }})(); }}")

@@ -38,6 +38,12 @@ HEAD_FUSIONS = {
 }
 
 
+def check_head_fusion(head_fusion: str) -> None:
+    """A UsageError unless `head_fusion` names one of `HEAD_FUSIONS`."""
+    if head_fusion not in HEAD_FUSIONS:
+        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+
+
 def _resolve(index: int | Sequence[int] | None, size: int, what: str) -> list[int]:
     """None -> all of range(size); an int or ints (negative counts from the end) -> checked list."""
     if index is None:
@@ -212,8 +218,7 @@ def attention_rollout(
     R = A_L ... A_2 A_1. Row i of R says how much of token i's final representation flows from
     each input token.
     """
-    if head_fusion not in HEAD_FUSIONS:
-        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    check_head_fusion(head_fusion)
     tokens = weights.shape[-1]
     eye = torch.eye(tokens, dtype=weights.dtype, device=weights.device)
     rollout = eye.expand(weights.shape[1], tokens, tokens)
@@ -431,8 +436,7 @@ def explain(
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if (method == "query") != (query_patch is not None):
         raise UsageError("method 'query' needs a query_patch (row, column), and only it takes one")
-    if head_fusion not in HEAD_FUSIONS:
-        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    check_head_fusion(head_fusion)
     if method == "cls" and model.cls_token is None:
         raise UsageError("this model has no class token: use --method rollout, grad-rollout or query")
     layers, heads = select_layers(model, layer), select_heads(model, head)

@@ -216,7 +216,7 @@ class EMA(WeightAveraging):
 
 
 class EvidenceMass(Callback):
-    """After each validation of `fit`, the relevance mass (`vit.explanations.evidence_scores`) of
+    """After each validation of `fit`, the relevance mass (`vit.faithfulness.evidence_scores`) of
     attention rollout and gradient rollout on the first `num_images` validation images: the
     share of each map on the patches that carry the label, logged as
     `val/evidence_mass_rollout` and `val/evidence_mass_grad_rollout` (metrics.csv), beside
@@ -233,7 +233,7 @@ class EvidenceMass(Callback):
         self._off = False
 
     def _take_data(self, trainer, pl_module) -> None:
-        from vit.explanations import patch_evidence
+        from vit.faithfulness import patch_evidence
         from vit.model import ViT
 
         datamodule, network = trainer.datamodule, getattr(pl_module, "model", None)
@@ -253,7 +253,7 @@ class EvidenceMass(Callback):
             self._take_data(trainer, pl_module)
             if self._off:
                 return
-        from vit.explanations import evidence_mass
+        from vit.faithfulness import evidence_mass
 
         images, evidence = self._data
         # validation runs under inference mode; gradient rollout needs gradients

@@ -360,7 +360,7 @@ def reliability_figure(
     return fig
 
 
-# ------------------------------------------------------------------ the scores of vit.explanations
+# ------------------------------------------------------------------ the scores of vit.faithfulness
 
 METHOD_COLOURS = {
     "attention": "tab:blue",

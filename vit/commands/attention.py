@@ -6,9 +6,10 @@
     vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
     vit-attention --ckpt best.ckpt --html            # one page: every layer, head, query and method
 
-The maps come from `vit.attention_maps.explain`; this command loads, draws and saves. Image files need
-only the checkpoint (its `Preparation`: no data module is built) or a model of another library
-(`--model`, `vit.pretrained`); test images come from the checkpoint's data module. Every check
+The maps come from `vit.attention_maps.explain`; this command loads (`vit.commands.inputs`), draws
+and saves. Image files need only the checkpoint (its `Preparation`: no data module is built) or a
+model of another library (`--model`, `vit.pretrained`); test images come from the checkpoint's
+data module. Every check
 of the arguments runs before anything is computed or written; a bad one stops the command with
 one line `error: ...` and exit status 2 (a bad option or value) or 1 (a missing or unreadable
 file), and no output folder is made.
@@ -25,7 +26,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
+from vit.commands.base import (
+    Parser,
+    add_images_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
+from vit.commands.inputs import check_counts, check_images, load_inputs
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -38,20 +46,6 @@ if TYPE_CHECKING:
 HEAD_FUSION_NAMES = ("mean", "max", "min")
 
 
-def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """`n` test images spread evenly over the test split (image folders list theirs class by
-    class, so the first `n` would often be one class), their labels and their indices."""
-    import torch
-
-    split = datamodule.split("test")
-    size = len(split)
-    if size == 0:
-        raise ValueError("the data module's test split is empty; give --images")
-    indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
-    images, labels = split[indices]
-    return images, labels, indices
-
-
 def check_options(
     method: str,
     layer: int | None = None,
@@ -61,7 +55,7 @@ def check_options(
     discard_ratio: float = 0.0,
 ) -> None:
     """The options of `explain`, checked before any model is loaded, in the words of the flags."""
-    from vit.attention_maps import HEAD_FUSIONS, METHODS
+    from vit.attention_maps import METHODS, check_head_fusion
 
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -71,8 +65,7 @@ def check_options(
         raise UsageError(f"--head does not apply to --method {method}: rollout combines all heads")
     if layer is not None and method == "grad-rollout":
         raise UsageError("--layer does not apply to --method grad-rollout: it uses every layer")
-    if head_fusion not in HEAD_FUSIONS:
-        raise UsageError(f"unknown head_fusion {head_fusion!r}; choose one of {', '.join(HEAD_FUSIONS)}")
+    check_head_fusion(head_fusion)
     if not 0.0 <= discard_ratio < 1.0:
         raise UsageError(f"discard_ratio={discard_ratio} must lie in [0, 1)")
 
@@ -121,47 +114,31 @@ def attention(
     import torch
 
     from vit.attention_maps import explain
-    from vit.checkpoint import check_source, load_checkpoint, load_network
-    from vit.model import ViT
+    from vit.checkpoint import check_source
     from vit.plot import batch_figure, layers_heads_figure, save_all
-    from vit.preparation import image_files, read_images
 
     started = time.perf_counter()
     if isinstance(query_patch, str):  # as given on the command line
         query_patch = patch(query_patch)
     check_source(ckpt, model, weights)
-    if model is not None and not images:
-        raise UsageError("--model has no test set: give image files with --images")
+    check_images(model, images)
     check_options(method, layer, head, query_patch, head_fusion, discard_ratio)
     check_out_folder(out)
     page = None if html is None else page_path(html, out, plots, target)
     if scores is not None:
         scores = read_scores(scores, page)
-    if num_images < 1 or batch_size < 1:
-        raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
+    check_counts(num_images, batch_size)
     if threads is not None:
         if threads < 1:
             raise UsageError(f"threads={threads} must be at least 1")
         torch.set_num_threads(threads)
-    if images:  # files need the checkpoint (or model) alone
-        network, preparation = load_network(ckpt, model, weights)
-        names = list(preparation.classes)
+    inputs = load_inputs(ckpt, model, weights, images, num_images)
+    model: ViT = inputs.model
+    batch, labels, names = inputs.images, inputs.labels, inputs.class_names
+    if inputs.files is not None:
+        captions, tags = [f.name for f in inputs.files], [file_tag(f.stem) for f in inputs.files]
     else:
-        classifier, datamodule = load_checkpoint(ckpt)
-        if datamodule is None:
-            raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
-        datamodule.prepare_data()  # a download, where the data module was told to make one
-        network, names = classifier.model, [str(name) for name in datamodule.classes]
-    if not isinstance(network, ViT):
-        raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
-    model: ViT = network
-    if images:
-        files = image_files(images)
-        batch, labels = read_images(files, preparation), None
-        captions, tags = [f.name for f in files], [file_tag(f.stem) for f in files]
-    else:
-        batch, labels, indices = spread_test_images(datamodule, num_images)
-        captions, tags = [f"test {i}" for i in indices], [f"test{i}" for i in indices]
+        captions, tags = [f"test {i}" for i in inputs.indices], [f"test{i}" for i in inputs.indices]
     if page is not None:
         if labels is not None:
             captions = [f"{c}, true {names[y]}" for c, y in zip(captions, labels.tolist(), strict=True)]
@@ -232,7 +209,7 @@ def read_scores(path: str | Path, page: Path | None) -> dict:
     """The figures of a scores.json written by `vit-attention score`, for the page."""
     import json
 
-    from vit.explanations import headline
+    from vit.faithfulness import headline
 
     if page is None:
         raise UsageError("--scores goes with --html: the page shows them")
@@ -248,7 +225,7 @@ def write_page(
     path: Path, model: ViT, batch, captions, names, options: dict, rollout: dict, batch_size: int, started
 ) -> Path:
     """The page of `vit.explore` for `batch`, written to `path`."""
-    from vit.explorer import explore
+    from vit.page import explore
 
     found = explore(model, batch, captions, names, **options, **rollout, batch_size=batch_size)
     path = found.save(path)
@@ -308,13 +285,7 @@ def parser() -> Parser:
     )
     add = parser.add_argument
     add_source_arguments(parser)
-    add(
-        "--images",
-        nargs="+",
-        default=None,
-        metavar="PATH",
-        help="image files or folders of them; default: test images of the checkpoint's data set",
-    )
+    add_images_argument(parser)
     add(
         "--num-images",
         "--num_images",

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from jsonargparse import ArgumentParser
 
+from vit.commands.inputs import DEVICES
 from vit.compat import old_option_hint
 from vit.errors import UsageError, one_line
 
@@ -73,6 +74,21 @@ def add_source_arguments(parser: Parser) -> None:
         metavar="FILE",
         help="the --model's weights (.safetensors, .pth, .bin): nothing is downloaded",
     )
+
+
+def add_images_argument(parser: Parser) -> None:
+    """--images: image files instead of the checkpoint's test images (`vit.commands.inputs`)."""
+    parser.add_argument(
+        "--images",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="image files or folders of them; default: test images of the checkpoint's data set",
+    )
+
+
+def add_device_argument(parser: Parser) -> None:
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
 
 
 def check_out_folder(out: str | Path | None) -> None:

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
+from vit.commands.base import Parser, add_device_argument, add_source_arguments, check_out_folder, run_command
+from vit.commands.inputs import torch_device
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -36,20 +37,6 @@ if TYPE_CHECKING:
     from vit.preparation import Preparation
 
 SPLITS = ("test", "val")
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def torch_device(device: str) -> str:
-    """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
-    import torch
-
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: PyTorch sees no CUDA device")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def parse_data_options(items: list[str]) -> dict:
@@ -298,7 +285,7 @@ def evaluate_parser() -> Parser:
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="folder for metrics.json and the plots; null: print only"
     )
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add_device_argument(parser)
     return parser
 
 
@@ -321,7 +308,7 @@ def predict_parser() -> Parser:
     parser.add_argument(
         "--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass"
     )
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add_device_argument(parser)
     return parser
 
 

@@ -1,13 +1,13 @@
 """`vit-attention score`: which map tells the truth? Every method's maps scored by deletion and
-insertion, against the evidence where the data knows it, and by sanity checks (`vit.explanations`).
+insertion, against the evidence where the data knows it, and by sanity checks (`vit.faithfulness`).
 
     vit-attention score --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/scores
     vit-attention score --ckpt best.ckpt --methods rollout grad-rollout random --num_images 128
     vit-attention score --model timm:deit_small_patch16_224 --weights deit.safetensors --images photos/
 
-Loads as `vit-attention` does; prints the tables; with `--out`, writes scores.json (protocol,
-settings, figures, curves) and the figures. Bad input is one line `error: ...` (exit 2 or 1),
-checked before anything is computed or written.
+Loads as `vit-attention` does (`vit.commands.inputs`); prints the tables; with `--out`, writes
+scores.json (protocol, settings, figures, curves) and the figures. Bad input is one line
+`error: ...` (exit 2 or 1), checked before anything is computed or written.
 """
 
 from __future__ import annotations
@@ -16,17 +16,24 @@ import json
 import time
 from pathlib import Path
 
-from vit.commands.base import Parser, add_source_arguments, check_out_folder, run_command
-from vit.commands.eval import DEVICES
+from vit.commands.base import (
+    Parser,
+    add_device_argument,
+    add_images_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
+from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
-# The keys of `vit.explanations.METHODS`, here so that --help needs no torch (a test checks them).
+# The keys of `vit.faithfulness.METHODS`, here so that --help needs no torch (a test checks them).
 METHOD_NAMES = ("attention", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
 
 
 def table(results: dict) -> str:
-    """The figures of `vit.explanations.score` as text tables: perturbation, evidence, sanity."""
-    from vit.explanations import as_text as cell
+    """The figures of `vit.faithfulness.score` as text tables: perturbation, evidence, sanity."""
+    from vit.faithfulness import as_text as cell
 
     figures = results["figures"]
     width = max(len(m) for m in figures) + 2
@@ -79,12 +86,9 @@ def score(
     the tables and, with `out`, write scores.json and the figures. Returns the results."""
     import torch
 
-    from vit.checkpoint import check_source, load_checkpoint, load_network
-    from vit.commands.attention import spread_test_images
-    from vit.commands.eval import torch_device
+    from vit.checkpoint import check_source
     from vit.datamodules import ImageFolders
-    from vit.explanations import METHODS, score
-    from vit.model import ViT
+    from vit.faithfulness import METHODS, score
     from vit.plot import (
         evidence_figure,
         layers_heads_evidence_figure,
@@ -92,32 +96,23 @@ def score(
         randomisation_figure,
         save_all,
     )
-    from vit.preparation import image_files, read_images
 
     started = time.perf_counter()
     check_source(ckpt, model, weights)
     unknown = [m for m in methods or [] if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-    if num_images < 1 or batch_size < 1:
-        raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
-    if model is not None and not images:
-        raise UsageError("--model has no test set: give image files with --images")
+    check_counts(num_images, batch_size)
+    check_images(model, images)
     check_out_folder(out)
     device = torch_device(device)
-    evidence, labels, why = None, None, None
-    if images:
-        network, preparation = load_network(ckpt, model, weights)
-        batch = read_images(image_files(images), preparation)
+    inputs = load_inputs(ckpt, model, weights, images, num_images)
+    network, batch, labels, datamodule = inputs.model, inputs.images, inputs.labels, inputs.datamodule
+    evidence, why = None, None
+    if datamodule is None:
         what = f"{len(batch)} image files"
         why = "image files given with --images carry no evidence"
     else:
-        classifier, datamodule = load_checkpoint(ckpt)
-        if datamodule is None:
-            raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
-        datamodule.prepare_data()
-        network = classifier.model
-        batch, labels, indices = spread_test_images(datamodule, num_images)
         pixels = datamodule.evidence("test")
         what = f"{len(batch)} test images of {type(datamodule).__name__}"
         if pixels is None:
@@ -125,9 +120,7 @@ def score(
             if isinstance(datamodule, ImageFolders):
                 why += f" (no masks in {datamodule.root}/masks/test/<class>/<image>.png)"
         else:
-            evidence = pixels[indices]
-    if not isinstance(network, ViT):
-        raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
+            evidence = pixels[inputs.indices]
     if methods and "evidence" in methods and evidence is None:
         raise UsageError(f"--methods evidence needs data with evidence: {why}")
     network.to(device)
@@ -179,8 +172,7 @@ def parser() -> Parser:
     )
     add = parser.add_argument
     add_source_arguments(parser)
-    add("--images", nargs="+", default=None, metavar="PATH",
-        help="image files or folders of them; default: test images of the checkpoint's data set")  # fmt: skip
+    add_images_argument(parser)
     add("--num-images", "--num_images", type=int, default=512, metavar="N",
         help="how many test images, spread over the test split")  # fmt: skip
     add("--methods", nargs="+", default=None, metavar="METHOD",
@@ -194,7 +186,7 @@ def parser() -> Parser:
         help="folder for scores.json and the figures; default: print only",
     )
     add("--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
-    add("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
+    add_device_argument(parser)
     add("--seed", type=int, default=0, help="the random map, tie-breaking and re-initialisation")
     return parser
 

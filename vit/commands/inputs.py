@@ -1,0 +1,104 @@
+"""What a command runs on: a ViT and its images, and the device.
+
+vit-attention and vit-attention score read a network from a checkpoint (`--ckpt`) or from another
+library (`--model SOURCE [--weights FILE]`), and images from files (`--images`) or from the
+checkpoint's test split; vit-eval and vit-attention score choose a device (`--device`). The
+checks here run before any work and say what is wrong in the words of the flags.
+
+torch is imported inside the functions that use it: `--help` needs none of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vit.errors import UsageError
+
+if TYPE_CHECKING:
+    import lightning as L
+    import torch
+
+    from vit.model import ViT
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def torch_device(device: str) -> str:
+    """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
+    import torch
+
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: PyTorch sees no CUDA device")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_images(model: str | None, images: list[Path] | None) -> None:
+    """A --model, unlike a checkpoint, names no data module: its images come from --images."""
+    if model is not None and not images:
+        raise UsageError("--model has no test set: give image files with --images")
+
+
+def check_counts(num_images: int, batch_size: int) -> None:
+    if num_images < 1 or batch_size < 1:
+        raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
+
+
+def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """`n` test images spread evenly over the test split (image folders list theirs class by
+    class, so the first `n` would often be one class), their labels and their indices."""
+    import torch
+
+    split = datamodule.split("test")
+    size = len(split)
+    if size == 0:
+        raise ValueError("the data module's test split is empty; give --images")
+    indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
+    images, labels = split[indices]
+    return images, labels, indices
+
+
+@dataclass
+class Inputs:
+    """A ViT and the images a command runs it on: image files, or test images of a data module."""
+
+    model: ViT
+    images: torch.Tensor  # (B, C, H, W), prepared as the model expects
+    class_names: list[str]
+    files: list[Path] | None = None  # the image files, in the order of `images`; or else
+    datamodule: L.LightningDataModule | None = None  # the data module whose test split holds them,
+    indices: list[int] | None = None  # at these indices,
+    labels: torch.Tensor | None = None  # with these labels
+
+
+def load_inputs(
+    ckpt: Path | None, model: str | None, weights: Path | None, images: list[Path] | None, num_images: int
+) -> Inputs:
+    """The ViT of a checkpoint (or of `model` with its `weights`) and the images to run it on: the
+    files or folders of `images`, prepared as the checkpoint or model says, else `num_images`
+    test images of the checkpoint's data module (`spread_test_images`)."""
+    from vit.checkpoint import load_checkpoint, load_network
+    from vit.model import ViT
+    from vit.preparation import image_files, read_images
+
+    if images:  # files need the checkpoint (or model) alone: no data module is built
+        network, preparation = load_network(ckpt, model, weights)
+        names = list(preparation.classes)
+    else:
+        classifier, datamodule = load_checkpoint(ckpt)
+        if datamodule is None:
+            raise ValueError(f"{ckpt} names no data module to take test images from; give --images")
+        datamodule.prepare_data()  # a download, where the data module was told to make one
+        network, names = classifier.model, [str(name) for name in datamodule.classes]
+    if not isinstance(network, ViT):
+        raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
+    if images:
+        files = image_files(images)
+        return Inputs(network, read_images(files, preparation), names, files=files)
+    batch, labels, indices = spread_test_images(datamodule, num_images)
+    return Inputs(network, batch, names, datamodule=datamodule, indices=indices, labels=labels)

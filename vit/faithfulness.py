@@ -1,0 +1,453 @@
+"""Which map tells the truth? Faithfulness scores for the maps of `vit.attention_maps`, against the
+model's behaviour and, where the data knows it, against the evidence.
+
+- Perturbation (Chefer et al. 2021's positive and negative perturbation; RISE's deletion):
+  patches are replaced by the data's mean colour in the map's order, most relevant first
+  (`deletion`: the lower the area under the curve, the better the map) or least relevant first
+  (`insertion`: the most relevant patches are the last ones kept, higher is better), at 0, 10,
+  ..., 100% of the patches (every patch count for grids of 16 or fewer). At each step the top-1
+  accuracy and the mean probability of the explained class (the prediction on the whole image);
+  areas by the trapezoid over [0, 1], the unperturbed point included.
+- Against the evidence (the pixels that carry the label, from the data module's `evidence`):
+  the share of the map's positive mass on evidence patches (relevance mass), the share of the
+  map's top-k patches that are evidence, k the evidence's size (rank accuracy), and whether the
+  top patch is evidence (pointing game).
+- Sanity checks (Adebayo et al. 2018): model-parameter randomisation (the head, then the blocks
+  from the last down, re-initialised in turn; each step's Spearman rank correlation with the
+  trained model's maps) and target sensitivity (the maps for the predicted class against those
+  for the runner-up).
+
+Every figure is the mean over images with a 95% bootstrap interval over images (`interval`).
+`score` runs it all; `vit-attention score` prints and saves what it returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.attention_maps import (
+    attention_rollout,
+    attention_weights,
+    cls_attention_maps,
+    gradient_rollout,
+    pooled_maps,
+)
+from vit.errors import UsageError
+from vit.model import ViT
+
+METHODS = {  # name -> what its map is
+    "attention": "class-token attention of the last layer, mean of heads",
+    "rollout": "attention rollout (Abnar & Zuidema 2020), mean of heads, rows the head reads",
+    "grad-rollout": "gradient-weighted rollout (Chefer et al. 2021) for the predicted class",
+    "input-gradient": "gradient times input, summed over channels and over each patch's pixels",
+    "random": "uniform random values (chance)",
+    "evidence": "the evidence itself (the best possible)",
+}
+MODEL_METHODS = ("attention", "rollout", "grad-rollout", "input-gradient")  # read the model
+PROTOCOL = {
+    "replacement": "patches replaced by the mean colour (per channel) of the scored images",
+    "deletion": "most relevant patches replaced first; lower area is better",
+    "insertion": "least relevant patches replaced first (the most relevant kept longest); higher is better",
+    "steps": "0, 10, ..., 100% of the patches (rounded); every patch count for grids of 16 or fewer",
+    "area": "trapezoid over the replaced fraction in [0, 1], the unperturbed point included",
+    "explained class": "the prediction on the unperturbed image (its probability at each step)",
+    "accuracy": "top-1 against the labels (against the unperturbed prediction without labels)",
+    "ties": "broken in a random order fixed by the seed",
+    "relevance mass": "positive part of the map on evidence patches over its positive part on all",
+    "rank accuracy": "share of the map's top-k patches that are evidence, k = evidence patches",
+    "pointing game": "1 if the map's top patch is evidence",
+    "randomisation": "head, then blocks from the last down, re-initialised cumulatively (torch's "
+    "reset_parameters); Spearman rank correlation with the trained model's map, per image",
+    "target sensitivity": "Spearman rank correlation of the maps for the predicted and runner-up class",
+    "interval": "95% percentile bootstrap over images, 1000 resamples",
+}
+
+
+# ------------------------------------------------------------------------------ the maps, per patch
+
+
+def patch_evidence(model: ViT, pixels: torch.Tensor) -> torch.Tensor:
+    """Evidence pixels (B, H, W) -> evidence patches (B, patches): a patch with any evidence."""
+    pooled = F.adaptive_max_pool2d(pixels[:, None].float(), model.grid_size)
+    return pooled.flatten(1) > 0
+
+
+def input_gradient(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, grid: tuple[int, int]):
+    """Gradient of the target logit times the input, summed over channels and each patch's pixels:
+    (B, patches)."""
+    device = device_of(model)
+    images = images.to(device).requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(images)
+        (grad,) = torch.autograd.grad(logits.gather(1, targets.to(device)[:, None]).sum(), images)
+    saliency = (grad * images).detach().sum(dim=1, keepdim=True)  # (B, 1, H, W)
+    pixels_per_patch = saliency[0, 0].numel() / (grid[0] * grid[1])
+    return (F.adaptive_avg_pool2d(saliency, grid).flatten(1) * pixels_per_patch).cpu()
+
+
+def method_maps(model: ViT, images: torch.Tensor, method: str, targets: torch.Tensor) -> torch.Tensor:
+    """The map of `method` (one of MODEL_METHODS) for each image and its target class: (B, patches).
+    Rollout and class-token attention do not read the target."""
+    if method == "attention":
+        if model.cls_token is None:
+            raise UsageError("this model has no class token: leave out the method attention")
+        weights = attention_weights(model, images, layers=-1, batch_size=len(images))
+        return cls_attention_maps(model, weights[0]).mean(dim=1).flatten(1)
+    if method == "rollout":
+        rollout = attention_rollout(attention_weights(model, images, batch_size=len(images)),
+                                    num_prefix_tokens=model.num_prefix_tokens)  # fmt: skip
+        return pooled_maps(model, rollout).flatten(1)
+    if method == "grad-rollout":
+        return pooled_maps(model, gradient_rollout(model, images, targets, batch_size=len(images))).flatten(1)
+    if method == "input-gradient":
+        return input_gradient(model, images, targets, model.grid_size)
+    raise UsageError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+# --------------------------------------------------------------------------------- perturbation
+
+
+def removal_counts(patches: int) -> list[int]:
+    """How many patches are replaced at each step: every count for grids of 16 or fewer, else
+    0, 10, ..., 100% of them (rounded)."""
+    if patches <= 16:
+        return list(range(patches + 1))
+    return sorted({round(patches * i / 10) for i in range(11)})
+
+
+def removal_order(maps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Patch indices (B, patches), most relevant first; ties in a random order."""
+    shuffle = torch.rand(maps.shape, generator=generator).argsort(dim=-1)
+    order = maps.gather(-1, shuffle).argsort(dim=-1, descending=True, stable=True)
+    return shuffle.gather(-1, order)
+
+
+def perturbed(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, grid: tuple[int, int]):
+    """`images` (B, C, H, W) with the patches in `removed` (..., B, patches) bool set to `fill`
+    (C,): (..., B, C, H, W)."""
+    height, width = images.shape[-2:]
+    mask = removed.unflatten(-1, grid).float()
+    mask = F.interpolate(mask.flatten(0, -3)[:, None], size=(height, width), mode="nearest")
+    mask = mask.view(*removed.shape[:-1], 1, height, width).bool()
+    return torch.where(mask, fill.view(-1, 1, 1).to(images), images)
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters(), torch.empty(0)).device
+
+
+def model_outputs(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Logits of `images` (N, C, H, W), `batch_size` at a time, without gradients."""
+    device = device_of(model)
+    with torch.inference_mode():
+        return torch.cat([model(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
+
+
+def perturbation_curves(
+    model: nn.Module,
+    images: torch.Tensor,
+    order: torch.Tensor,
+    targets: torch.Tensor,
+    truth: torch.Tensor,
+    fill: torch.Tensor,
+    grid: tuple[int, int],
+    counts: list[int],
+    batch_size: int = 64,
+    ends: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace the patches in `order` (B, patches), the first `k` of them for each k in `counts`:
+    the probability of `targets` and whether the top-1 class is `truth`, each (steps, B). The
+    perturbed copies go through the model as batches. `ends`: the logits with no patch and with
+    every patch replaced, where already known (they do not depend on the order)."""
+    patches = order.shape[1]
+    rank = order.argsort(dim=-1)  # rank[b, p]: when patch p is replaced
+    inner = [k for k in counts if 0 < k < patches] if ends is not None else counts
+    removed = torch.stack([rank < k for k in inner])  # (steps, B, patches)
+    copies = perturbed(images, removed, fill, grid).flatten(0, 1)
+    logits = model_outputs(model, copies, batch_size).view(len(inner), len(images), -1)
+    if ends is not None:
+        by_count = dict(zip(inner, logits, strict=True)) | {0: ends[0], patches: ends[1]}
+        logits = torch.stack([by_count[k] for k in counts])
+    probability = logits.softmax(-1).gather(-1, targets.expand(len(counts), -1)[..., None])[..., 0]
+    return probability, (logits.argmax(-1) == truth).float()
+
+
+def area(curves: torch.Tensor, counts: list[int], patches: int) -> torch.Tensor:
+    """Area under curves (steps, B) over the replaced fraction in [0, 1], per image: (B,)."""
+    fractions = torch.tensor(counts, dtype=torch.float32) / patches
+    return torch.trapezoid(curves, fractions, dim=0)
+
+
+# ----------------------------------------------------------------------------- against evidence
+
+
+def evidence_scores(maps: torch.Tensor, evidence: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Relevance mass, rank accuracy and pointing game of maps (..., patches) against evidence
+    patches (..., patches) bool: each (...,), NaN for an image without evidence."""
+    positive = maps.clamp_min(0)
+    mass = (positive * evidence).sum(-1) / positive.sum(-1).clamp_min(1e-12)
+    k = evidence.sum(-1)
+    ranked = maps.argsort(dim=-1, descending=True, stable=True)
+    hits = evidence.gather(-1, ranked).float().cumsum(-1)  # evidence among the top 1, 2, ...
+    rank = hits.gather(-1, (k - 1).clamp_min(0)[..., None])[..., 0] / k.clamp_min(1)
+    pointing = evidence.gather(-1, ranked[..., :1])[..., 0].float()
+    none = k == 0
+    return {
+        "relevance_mass": mass.masked_fill(none, float("nan")),
+        "rank_accuracy": rank.masked_fill(none, float("nan")),
+        "pointing_game": pointing.masked_fill(none, float("nan")),
+    }
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Spearman's rank correlation of a and b (..., n) along the last axis, ties given their
+    average rank: (...,); NaN where either is constant."""
+
+    def ranks(x):
+        below = (x[..., None, :] < x[..., :, None]).sum(-1).float()
+        equal = (x[..., None, :] == x[..., :, None]).sum(-1).float()
+        return below + (equal + 1) / 2
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(-1, keepdim=True), rb - rb.mean(-1, keepdim=True)
+    return (ra * rb).sum(-1) / (ra.norm(dim=-1) * rb.norm(dim=-1))
+
+
+# ---------------------------------------------------------------------------------- sanity checks
+
+
+def reinitialise(module: nn.Module) -> None:
+    """Every submodule's parameters drawn anew as at construction (`reset_parameters`)."""
+    for m in module.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+
+
+def randomisation_steps(model: ViT, seed: int = 0):
+    """Copies of `model` with the head, then also the last block, the one before, ... down to the
+    first re-initialised: yields (what is random so far, the copy)."""
+    randomised = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    reinitialise(randomised.head)
+    yield "head", randomised
+    last = len(randomised.blocks) - 1
+    for i in reversed(range(last + 1)):
+        randomised = copy.deepcopy(randomised)
+        reinitialise(randomised.blocks[i])
+        yield f"head + block {i}" if i == last else f"head + blocks {i}-{last}", randomised
+
+
+# --------------------------------------------------------------------------------------- figures
+
+
+def default_methods(model: ViT, has_evidence: bool) -> list[str]:
+    """Every method that applies: the evidence where the data knows it, the class token's
+    attention where the model has one."""
+    left_out = {"evidence"} if not has_evidence else set()
+    left_out |= {"attention"} if model.cls_token is None else set()
+    return [m for m in METHODS if m not in left_out]
+
+
+def as_text(figure: dict) -> str:
+    """An `interval` as `mean [low, high]`."""
+    return f"{figure['mean']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
+
+
+def interval(values: torch.Tensor, samples: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Mean of per-image `values` (NaN left out) and its 95% percentile bootstrap interval."""
+    values = values[~values.isnan()].double()
+    if len(values) == 0:
+        return {"mean": float("nan"), "low": float("nan"), "high": float("nan")}
+    g = torch.Generator().manual_seed(seed)
+    means = values[torch.randint(len(values), (samples, len(values)), generator=g)].mean(dim=1)
+    low, high = means.quantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return {"mean": values.mean().item(), "low": low, "high": high}
+
+
+def score(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    evidence: torch.Tensor | None = None,
+    methods: list[str] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    sanity: bool = True,
+    progress: Callable | None = None,
+) -> dict:
+    """Score each method's maps of `model` on `images` (N, C, H, W in [0, 1]): perturbation
+    curves and their areas, the evidence figures where `evidence` (N, H, W pixels) is given, and
+    the sanity checks. Returns per-image values and figures (`interval`) in a dict: "methods",
+    "counts" (patches replaced per step), "curves" {method: {deletion/insertion: {probability,
+    accuracy}: (steps,) means}}, "figures" {method: {name: interval}}, "layers_heads" (the
+    class-token and evidence-query maps' evidence figures per layer and head), "randomisation"
+    {method: [(step, interval)]}, "protocol". `progress(iterable)` wraps the chunk loop (tqdm).
+    """
+    methods = list(methods or default_methods(model, evidence is not None))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    if "evidence" in methods and evidence is None:
+        raise UsageError("the method evidence needs data that knows its evidence")
+    if "attention" in methods and model.cls_token is None:
+        raise UsageError("this model has no class token: leave out the method attention")
+    model.eval()
+    grid, patches = model.grid_size, model.grid_size[0] * model.grid_size[1]
+    counts = removal_counts(patches)
+    fill = images.mean(dim=(0, 2, 3))  # the data's mean colour
+    g = torch.Generator().manual_seed(seed)
+    evidence_patches = patch_evidence(model, evidence) if evidence is not None else None
+    random_maps = torch.rand(len(images), patches, generator=g)
+
+    top2: list[torch.Tensor] = []  # the predicted and runner-up class of every image
+    per_image: dict[str, dict[str, list]] = {m: {} for m in methods}
+    curves: dict[str, dict[str, list]] = {m: {} for m in methods}
+    layer_head: dict[str, list] = {}
+    trained_maps: dict[str, list] = {m: [] for m in methods if m in MODEL_METHODS}
+
+    def keep(where: dict, key: str, value: torch.Tensor) -> None:
+        where.setdefault(key, []).append(value)
+
+    chunks = range(0, len(images), batch_size)
+    for start in progress(chunks) if progress else chunks:
+        x = images[start : start + batch_size]
+        # no patch and every patch replaced: the ends of every curve, whatever the order
+        everything = perturbed(x, torch.ones(len(x), patches, dtype=torch.bool), fill, grid)
+        ends = tuple(model_outputs(model, torch.cat([x, everything]), batch_size).view(2, len(x), -1))
+        top2.append(ends[0].topk(2, dim=-1).indices)
+        predicted = top2[-1][:, 0]
+        truth = predicted if labels is None else labels[start : start + batch_size]
+        found = None if evidence_patches is None else evidence_patches[start : start + batch_size]
+        for method in methods:
+            if method == "random":
+                maps = random_maps[start : start + batch_size]
+            elif method == "evidence":
+                maps = found.float()
+            else:
+                maps = method_maps(model, x, method, predicted)
+                trained_maps[method].append(maps)
+            for curve, order in (("deletion", maps), ("insertion", -maps)):
+                probability, correct = perturbation_curves(
+                    model, x, removal_order(order, g), predicted, truth, fill, grid, counts, batch_size, ends
+                )
+                keep(curves[method], f"{curve}/probability", probability)
+                keep(curves[method], f"{curve}/accuracy", correct)
+                keep(per_image[method], f"{curve}_auc_probability", area(probability, counts, patches))
+                keep(per_image[method], f"{curve}_auc_accuracy", area(correct, counts, patches))
+            if found is not None:
+                for name, values in evidence_scores(maps, found).items():
+                    keep(per_image[method], name, values)
+        if found is not None:
+            for name, values in layers_heads_scores(model, x, found).items():
+                keep(layer_head, name, values)
+
+    results = {
+        "methods": {m: METHODS[m] for m in methods},
+        "num_images": len(images),
+        "patches": patches,
+        "evidence_share": None if evidence_patches is None else evidence_patches.float().mean().item(),
+        "counts": counts,
+        "protocol": PROTOCOL,
+        "curves": {
+            m: {k: torch.cat(v, dim=1).mean(dim=1).tolist() for k, v in curves[m].items()} for m in methods
+        },
+        "figures": {m: {k: interval(torch.cat(v)) for k, v in per_image[m].items()} for m in methods},
+        "layers_heads": {k: lh_interval(torch.cat(v, dim=-1)) for k, v in layer_head.items()},
+    }
+    if sanity:
+        trained = {m: torch.cat(v) for m, v in trained_maps.items()}
+        predicted, runner_up = torch.cat(top2).unbind(dim=1)
+        results["randomisation"] = randomisation(model, images, trained, predicted, batch_size, seed)
+        results["target_sensitivity"] = target_sensitivity(model, images, trained, runner_up, batch_size)
+    return results
+
+
+def lh_interval(values: torch.Tensor) -> list[list[dict]]:
+    """Per-image values (layers, heads, N) -> figures per layer and head."""
+    return [[interval(v) for v in layer] for layer in values]
+
+
+def layers_heads_scores(model: ViT, images: torch.Tensor, evidence: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Evidence figures (layers, heads, B) of two maps per layer and head: the class token's
+    attention (`cls/...`, with a class token) and the evidence patches' attention to the other
+    patches (`query/...`: each evidence patch's row without its own column, averaged over them:
+    how much the evidence looks at the rest of the evidence)."""
+    weights = attention_weights(model, images, batch_size=len(images))  # (L, B, H, T, T)
+    prefix = model.num_prefix_tokens
+    rows = weights[..., prefix:, prefix:]  # (L, B, H, N, N) patches to patches
+    eye = torch.eye(rows.shape[-1], dtype=torch.bool)
+    rows = rows.masked_fill(eye, 0.0)
+    queries = evidence[None, :, None, :, None].float()
+    query_maps = (rows * queries).sum(-2) / queries.sum(-2).clamp_min(1)  # (L, B, H, N)
+    scores = {}
+    maps = {"query": query_maps}
+    if model.cls_token is not None:
+        maps["cls"] = weights[..., 0, prefix:]
+    for name, m in maps.items():
+        for figure, values in evidence_scores(m, evidence[None, :, None].expand_as(m)).items():
+            scores[f"{name}/{figure}"] = values.permute(0, 2, 1)  # (L, H, B)
+    return scores
+
+
+def chunked_maps(model: ViT, images, method: str, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """`method_maps` of all `images`, `batch_size` at a time: (N, patches)."""
+    return torch.cat([
+        method_maps(model, images[i : i + batch_size], method, targets[i : i + batch_size])
+        for i in range(0, len(images), batch_size)
+    ])  # fmt: skip
+
+
+def randomisation(
+    model: ViT, images, trained: dict, predicted: torch.Tensor, batch_size: int, seed: int
+) -> dict:
+    """Per method, each cascading randomisation step's rank correlation with the trained maps (for
+    the class the trained model predicted)."""
+    out: dict[str, list] = {m: [] for m in trained}
+    for step, randomised in randomisation_steps(model, seed):
+        for method, maps in trained.items():
+            new = chunked_maps(randomised, images, method, predicted, batch_size)
+            out[method].append({"step": step, **interval(spearman(maps, new))})
+    return out
+
+
+def target_sensitivity(model: ViT, images, trained: dict, runner_up: torch.Tensor, batch_size: int) -> dict:
+    """Per method, the rank correlation of its maps for the predicted and the runner-up class."""
+    return {
+        method: interval(spearman(maps, chunked_maps(model, images, method, runner_up, batch_size)))
+        for method, maps in trained.items()
+    }
+
+
+def evidence_mass(model: ViT, images: torch.Tensor, evidence: torch.Tensor, methods: Sequence[str]) -> dict:
+    """The mean relevance mass of each method's maps for the predicted classes on evidence patches
+    (B, patches): what `vit.callbacks.EvidenceMass` logs while training."""
+    predicted = model_outputs(model, images, len(images)).argmax(-1)
+    return {
+        method: evidence_scores(method_maps(model, images, method, predicted), evidence)[
+            "relevance_mass"
+        ].nanmean()
+        for method in methods
+    }
+
+
+HEADLINE = {  # the figures `headline` keeps, by their names in `score`'s results
+    "deletion_auc_probability": "deletion ↓",
+    "insertion_auc_probability": "insertion ↑",
+    "relevance_mass": "relevance mass ↑",
+    "rank_accuracy": "rank accuracy ↑",
+    "pointing_game": "pointing game ↑",
+}
+
+
+def headline(results: dict) -> dict[str, dict[str, str]]:
+    """The main figures of `score`'s results (or a scores.json) per method, as text with their
+    intervals: what the page of `vit.explore(scores=...)` shows."""
+    return {
+        method: {name: as_text(f[key]) for key, name in HEADLINE.items() if key in f}
+        for method, f in results["figures"].items()
+    }
