@@ -251,7 +251,7 @@ def test_training_logs_the_evidence_mass_after_each_validation(runs):
 
 
 def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tmp_path, capsys):
-    """Issue 30's page leaves a place for these scores: `vit-attention --html --scores FILE`."""
+    """The explore page leaves a place for these scores: `vit-attention --html --scores FILE`."""
     attention_main(["score", "--ckpt", trained_checkpoint, "--num_images", "8", "--no-sanity",
                     "--methods", "rollout", "evidence", "--out", tmp_path / "scores"])  # fmt: skip
     scores = tmp_path / "scores" / "scores.json"
