@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
 
 from benchmarks.cifar10_pack import fake_cifar10, unpack  # noqa: E402
+from benchmarks.explanations import cpu_name  # noqa: E402
 
 STEPS = ("tests", "demo", "throughput", "speedrun", "cnn_peer")
 BUDGETS = {"120s": "00:00:02:00", "20s": "00:00:00:20"}
@@ -111,16 +112,7 @@ def environment() -> dict:
             about["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             about["driver"] = None
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
-        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-        about["cpu"] = ", ".join(
-            f"{key.lower()} {fields[key].strip()}"
-            for key in ("Model name", "CPU family", "Model")
-            if key in fields
-        )
-    except OSError:
-        about["cpu"] = platform.processor()
+    about["cpu"] = cpu_name()
     about["cpu_cores"] = os.cpu_count()
     return about
 

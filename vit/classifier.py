@@ -93,6 +93,14 @@ def warmup_decay(
     )
 
 
+def for_the_device(images: torch.Tensor) -> torch.Tensor:
+    """Images as the network takes them fastest: channels-last on a GPU, where a convolutional
+    stem runs cuDNN's faster NHWC kernels; as they are elsewhere."""
+    if images.is_cuda and images.ndim == 4:
+        return images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
 def compile_now(classifier: Classifier) -> None:
     """Run a classifier's compiled network once as training will (forward and backward of a
     batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
@@ -111,9 +119,7 @@ def compile_now(classifier: Classifier) -> None:
     batch = datamodule.batch_size
     val = len(datamodule.split("val").labels)
     with trainer.precision_plugin.forward_context():
-        images = torch.rand(batch, channels, height, width, device=classifier.device)
-        if images.is_cuda:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device))
         network.train()
         network(images).float().sum().backward()
         network.eval()
@@ -175,9 +181,7 @@ class Classifier(L.LightningModule):
 
     def _step(self, batch, stage: str, accuracy: MulticlassAccuracy) -> torch.Tensor:
         x, y = batch
-        if x.is_cuda and x.ndim == 4:  # a convolutional stem runs cuDNN's faster NHWC kernels
-            x = x.contiguous(memory_format=torch.channels_last)
-        logits = self(x)
+        logits = self(for_the_device(x))
         # y: class indices (N,), or class probabilities (N, classes) from MixUp/CutMix, which
         # cross-entropy takes as they are and accuracy counts against their largest class
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
