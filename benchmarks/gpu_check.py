@@ -89,7 +89,7 @@ def run(commands: list[list[str]], log: Path, timeout: float) -> dict:
                 )
             if done.returncode != 0:
                 tail = log.read_text().strip().splitlines()[-40:] or [""]
-                what = Path(command[1]).name if len(command) > 1 else command[0]
+                what = command[2] if command[1:2] == ["-m"] else Path(command[min(1, len(command) - 1)]).name
                 why = f"{what} exited {done.returncode}: {tail[-1][:300]}"
                 return dict(ok=False, seconds=time.perf_counter() - start, why=why, log_tail=tail)
     return dict(ok=True, seconds=time.perf_counter() - start, why=None)

@@ -137,6 +137,12 @@ def test_the_gpu_check_runs_every_step_at_toy_size(tmp_path):
     assert math.isfinite(report["seconds"])
 
 
+def test_a_failed_step_names_the_module_it_ran(tmp_path):
+    failing = gpu_check.python("-m", "json.tool", str(tmp_path / "missing.json"))
+    result = gpu_check.run([failing], tmp_path / "log", timeout=60)
+    assert not result["ok"] and result["why"].startswith("json.tool exited 2: ")
+
+
 def test_the_gpu_check_needs_data_without_smoke(tmp_path):
     with pytest.raises(SystemExit, match="--data is needed without --smoke"):
         gpu_check.main(["--out", str(tmp_path), "--steps", "speedrun"])
