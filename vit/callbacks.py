@@ -1,7 +1,8 @@
-"""vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget, a
-progress bar and a model summary that say true things (the epoch under a time budget, the
-learning rate, the FLOPs of the network), `EMA`, a moving average of the weights, and
-`EvidenceMass`, which follows where the model's maps look while it learns."""
+"""vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget;
+`LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
+summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
+network); `EMA`, a moving average of the weights; and `EvidenceMass`, which follows where the
+model's maps look while it learns."""
 
 from __future__ import annotations
 
@@ -111,6 +112,19 @@ def training_progress(trainer: L.Trainer, step: int, total: float) -> float:
     """How far training is (1 at its end) after `step` optimizer steps of the step limit `total`,
     as the trainer's `TimeBudget` reads it: what the learning rate and any other schedule follow."""
     return next(c for c in trainer.callbacks if isinstance(c, TimeBudget)).progress(trainer, step, total)
+
+
+class LearningRate(Callback):
+    """The learning rate as `train/lr` (progress bar and metrics.csv) after the first step and on
+    the steps Lightning writes to the logger, not at every step: a number logged becomes a tensor
+    on the device, a copy that would make the host wait for a GPU at every step.
+    `Classifier.configure_callbacks` adds one."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        if trainer.lr_scheduler_configs and (step == 1 or step % trainer.log_every_n_steps == 0):
+            lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[-1]
+            pl_module.log("train/lr", lr, prog_bar=True, on_step=True, on_epoch=False)
 
 
 class ProgressBar(RichProgressBar):

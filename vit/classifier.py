@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
-from vit.callbacks import budget_callbacks, training_progress
+from vit.callbacks import LearningRate, budget_callbacks, training_progress
 from vit.cnn import BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
@@ -140,13 +140,10 @@ def compile_now(classifier: Classifier) -> None:
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then a cosine
-    (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`, which
-    `configure_callbacks` adds), whichever ends first. `compile: true` trains through
-    `torch.compile` (same math, fewer passes over memory), compiled before the training clock
-    starts (`compile_now`), so that a time budget counts training alone.
-
-    Subclasses build `self.model` and pass these training settings through `**kwargs`.
-    """
+    (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
+    whichever ends first. `compile: true` trains through `torch.compile`, compiled before the
+    training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
+    settings through `**kwargs`."""
 
     def __init__(
         self,
@@ -197,38 +194,27 @@ class Classifier(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train", self.train_acc)
 
-    def setup(self, stage: str) -> None:
-        # In place, so parameter names and checkpoints stay those of the eager network. From fit
-        # on the network stays compiled in this process (validation, and a later test or predict
-        # in the same process, too); vit-eval and vit-attention rebuild it eagerly.
-        if self.hparams.compile and stage == "fit":
-            self.model.compile()
-        if stage == "fit" and self.trainer.strategy.root_device.type == "cuda":
-            # What stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
-            # it on such GPUs; the results differ from fp32's in the 4th digit).
-            torch.set_float32_matmul_precision("high")
-
     def configure_callbacks(self) -> list:
-        return budget_callbacks(self.trainer)  # the time budget and its clock, where they are missing
+        # the time budget and its clock where they are missing, and the learning rate's logging
+        return [*budget_callbacks(self.trainer), LearningRate()]
 
     def on_fit_start(self) -> None:
+        if self.trainer.strategy.root_device.type == "cuda":
+            # what stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
+            # it on such GPUs; the results differ from fp32's in the 4th digit)
+            torch.set_float32_matmul_precision("high")
         if self.hparams.compile:
+            # in place: parameter names and checkpoints stay the eager network's; it stays compiled
+            # in this process (vit-eval and vit-attention rebuild it eagerly)
+            self.model.compile()
             compile_now(self)
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        # after the first step (for the progress bar) and on the steps Lightning writes to the
-        # logger: a number logged becomes a tensor on the device, a copy that waits for the GPU,
-        # which would stall it at every step
-        if self.global_step == 1 or self.global_step % self.trainer.log_every_n_steps == 0:
-            lr = self.lr_schedulers().get_last_lr()[-1]
-            self.log("train/lr", lr, prog_bar=True, on_step=True, on_epoch=False)
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # how image files become model input, so that a checkpoint alone classifies and draws them
-        preparation = getattr(self.trainer.datamodule, "preparation", None)
-        if preparation is not None:
-            checkpoint["preparation"] = preparation.to_dict()
+        # the format's version, and how image files become model input (a checkpoint alone then
+        # classifies and draws them)
         checkpoint[compat.CHECKPOINT_KEY] = compat.FORMAT_VERSION
+        if (preparation := getattr(self.trainer.datamodule, "preparation", None)) is not None:
+            checkpoint["preparation"] = preparation.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning loads the weights: checkpoints of older versions read as today's
