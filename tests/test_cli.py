@@ -353,3 +353,21 @@ def test_bf16_on_a_cpu_that_emulates_it_trains_in_fp32(monkeypatch, capsys, runs
     assert train.precision_for_this_cpu("32-true", "cpu") == "32-true"
     assert train.precision_for_this_cpu("bf16-mixed", "cuda") == "bf16-mixed"
     assert train.precision_for_this_cpu(None, "cpu") is None  # unset stays Lightning's default
+
+
+def test_tensorboard_logger_replaces_the_csv_one(runs):
+    """`--trainer.logger TensorBoardLogger` (the tensorboard extra) keeps the config's folder and
+    name and writes TensorBoard's event file instead of metrics.csv."""
+    pytest.importorskip("tensorboard")
+    logger = ["--trainer.logger", "TensorBoardLogger", "--trainer.max_epochs", "1"]
+    cli.main(["fit", *tiny_args_with_logger(runs, logger)])
+    events = list(runs.rglob("events.out.tfevents.*"))
+    assert events and not list(runs.rglob("metrics.csv"))
+    assert (events[0].parent / "checkpoints" / "best.ckpt").exists()
+
+
+def tiny_args_with_logger(runs: Path, logger: list[str]) -> list[str]:
+    # the logger's class first, then its arguments (jsonargparse applies them in order)
+    args = tiny_args(runs)
+    at = args.index("--trainer.logger.init_args.save_dir")
+    return [*args[:at], *logger, *args[at:]]

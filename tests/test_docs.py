@@ -1,0 +1,125 @@
+"""The README and docs cannot drift from the code: the README's Python snippet runs, every command
+line in its code blocks parses with today's options, and every relative link resolves."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md"]
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def command_lines(text: str) -> list[list[str]]:
+    """The vit-* command lines of the bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for block in code_blocks(text, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0].startswith("vit-"):
+                commands.append(words)
+    return commands
+
+
+def parse(words: list[str]) -> None:
+    """Parse a command line as its command would, without running it: SystemExit(2) on an unknown
+    option or a bad value. vit-train parses with --print_config (its LightningCLI then prints the
+    resolved config and stops)."""
+    from vit.commands import attention, eval, export, score, train
+
+    command, args = words[0], words[1:]
+    if command == "vit-train":
+        train.main([*args, "--print_config"])
+    elif command == "vit-eval":
+        (
+            eval.predict_parser().parse_args(args[1:])
+            if args[:1] == ["predict"]
+            else eval.evaluate_parser().parse_args(args)
+        )
+    elif command == "vit-attention":
+        (
+            score.parser().parse_args(args[1:])
+            if args[:1] == ["score"]
+            else attention.parser().parse_args(args)
+        )
+    elif command == "vit-export":
+        export.parser().parse_args(args)
+    else:
+        raise AssertionError(f"no parser known for {command}")
+
+
+README_COMMANDS = command_lines(README.read_text())
+
+
+def test_the_readme_has_command_lines_to_check():
+    assert {words[0] for words in README_COMMANDS} == {"vit-train", "vit-eval", "vit-attention", "vit-export"}
+
+
+@pytest.mark.parametrize("words", README_COMMANDS, ids=[" ".join(w)[:70] for w in README_COMMANDS])
+def test_every_readme_command_line_parses(words, capsys):
+    try:
+        parse(words)
+    except SystemExit as e:
+        assert e.code in (0, None), f"{' '.join(words)}: {capsys.readouterr().err.strip()}"
+
+
+def test_a_drifted_option_fails_the_check(capsys):
+    """The check above would catch a README line whose option was renamed or removed."""
+    for words in (
+        ["vit-eval", "--ckpt", "best.ckpt", "--no-such-option"],
+        ["vit-attention", "--ckpt", "best.ckpt", "--method", "rollout", "--no-such-option", "1"],
+        [
+            "vit-train",
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "two_circles.yaml"),
+            "--model.vit.no_such",
+            "1",
+        ],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse(words)
+        assert exit_info.value.code == 2
+    assert "no-such-option" in capsys.readouterr().err
+
+
+def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
+    """The first Python block of the README builds a ViT, runs it and draws an attention map."""
+    snippet = code_blocks(README.read_text(), "python")[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert (tmp_path / "rollout.png").stat().st_size > 1000
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def relative_links(path: Path) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)  # not inside code blocks
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def dead_links(path: Path) -> list[str]:
+    return [t for t in relative_links(path) if not (path.parent / t.split("#")[0]).exists()]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_every_relative_link_resolves(path):
+    assert dead_links(path) == []
+
+
+def test_a_dead_link_fails_the_check(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "there.md").write_text("x")
+    page.write_text(
+        "[ok](there.md#a) [web](https://example.org) [gone](nowhere.md)\n```\n[code](x.md)\n```\n"
+    )
+    assert dead_links(page) == ["nowhere.md"]
