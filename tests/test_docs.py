@@ -107,8 +107,28 @@ def relative_links(path: Path) -> list[str]:
     return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
 
 
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading numbered."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(
+        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S), re.M
+    ):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
 def dead_links(path: Path) -> list[str]:
-    return [t for t in relative_links(path) if not (path.parent / t.split("#")[0]).exists()]
+    dead = []
+    for target in relative_links(path):
+        file, _, anchor = target.partition("#")
+        where = path.parent / file
+        if not where.exists() or (anchor and where.suffix == ".md" and anchor not in anchors(where)):
+            dead.append(target)
+    return dead
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
@@ -118,8 +138,9 @@ def test_every_relative_link_resolves(path):
 
 def test_a_dead_link_fails_the_check(tmp_path):
     page = tmp_path / "page.md"
-    (tmp_path / "there.md").write_text("x")
+    (tmp_path / "there.md").write_text("# A `b`: c\n")
     page.write_text(
-        "[ok](there.md#a) [web](https://example.org) [gone](nowhere.md)\n```\n[code](x.md)\n```\n"
+        "[ok](there.md#a-b-c) [web](https://example.org) [gone](nowhere.md) [no anchor](there.md#d)\n"
+        "```\n[code](x.md)\n```\n"
     )
-    assert dead_links(page) == ["nowhere.md"]
+    assert dead_links(page) == ["nowhere.md", "there.md#d"]
