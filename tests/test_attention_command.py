@@ -319,3 +319,23 @@ def test_figure_7_of_a_conv_stem_model_leaves_out_the_pixel_filters(capsys):
     figures = figure_7(model, torch.rand(3, 3, 16, 16), batch_size=2)
     assert sorted(figures) == ["mean_attention_distance.png", "pos_embed_similarity.png"]
     assert "no embedding_filters.png: the model's conv_stem lies" in capsys.readouterr().out
+
+
+def test_device_cpu_draws_what_the_default_draws(trained_checkpoint, tmp_path):
+    """--device cpu computes the maps, the per-image figures and Figure 7 on the CPU: the same
+    files as without it (on this machine the default, auto, is the CPU too unless it has a GPU)."""
+    options = ["--ckpt", trained_checkpoint, "--num_images", "2", "--method", "query", "--query-patch", "1,2"]
+    run(*options, "--plots", "--out", tmp_path / "default")
+    run(*options, "--plots", "--out", tmp_path / "cpu", "--device", "cpu")
+    names = pngs(tmp_path / "cpu")
+    assert names == pngs(tmp_path / "default") and len(names) == 6  # all images, each image, 3 plots
+    if not torch.cuda.is_available():  # the default ran on the CPU too: the same pixels
+        for name in names:
+            assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "default" / name).read_bytes(), name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="PyTorch sees a CUDA device here")
+def test_device_cuda_without_one_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, capsys):
+    args = ["--ckpt", trained_checkpoint, "--device", "cuda", "--out", tmp_path / "out"]
+    assert command_error(main, args, capsys) == (2, "error: --device cuda: PyTorch sees no CUDA device")
+    assert not (tmp_path / "out").exists()

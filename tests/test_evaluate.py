@@ -12,7 +12,8 @@ from PIL import Image
 
 from vit import CNNClassifier, TwoCircles
 from vit.checkpoint import load_checkpoint
-from vit.commands.eval import evaluate, main, parse_data_options
+from vit.commands.eval import evaluate, main
+from vit.commands.inputs import parse_data_options
 from vit.preparation import prepare
 
 PNG = b"\x89PNG"

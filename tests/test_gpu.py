@@ -1,6 +1,6 @@
 """The same model on a GPU as on the CPU: the fused and explicit attention agree there, a
-training step runs, and vit-eval, the attention maps and vit-attention score give the CPU's
-results. Marked `gpu` and skipped without CUDA; `make gpu-check` runs them (`pytest -m gpu`).
+training step runs, and vit-eval, the attention maps, vit-attention and vit-attention score give
+the CPU's results. Marked `gpu` and skipped without CUDA; `make gpu-check` runs them (`pytest -m gpu`).
 
 Tolerances, stated once: fp32 on the GPU with TF32 off agrees with the CPU to about 1e-5 in
 logits; bf16 keeps 8 bits of mantissa, so bf16 attention agrees with fp32 to about 2e-2.
@@ -191,3 +191,29 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
         torch.cuda.set_sync_debug_mode("default")
     assert data.splits["train"].images.is_cuda  # held on the GPU
     assert not syncs, sorted(set(syncs))
+
+
+@pytest.mark.parametrize("method", ["query", "grad-rollout"])
+def test_vit_attention_on_the_gpu_draws_the_cpus_maps(trained_checkpoint, tmp_path, monkeypatch, method):
+    """`vit-attention --device cuda` computes the maps there (and Figure 7) and draws what
+    `--device cpu` draws, within the tolerance of the maps above."""
+    import vit.plot
+    from vit.commands import attention
+
+    drawn = {}
+    batch_figure = vit.plot.batch_figure
+
+    def spy(images, maps, *args, **kwargs):
+        drawn[device] = maps
+        return batch_figure(images, maps, *args, **kwargs)
+
+    monkeypatch.setattr(vit.plot, "batch_figure", spy)  # the command imports it when it runs
+    query = ["--query-patch", "1,2"] if method == "query" else []
+    for device in ("cpu", "cuda"):
+        attention.main(
+            ["--ckpt", str(trained_checkpoint), "--num_images", "8", "--method", method, *query, "--plots",
+             "--device", device, "--out", str(tmp_path / device)]
+        )  # fmt: skip
+    assert drawn["cuda"].device.type == "cpu"  # drawn from the CPU
+    torch.testing.assert_close(drawn["cuda"], drawn["cpu"], atol=1e-4, rtol=1e-3)
+    assert {p.name for p in (tmp_path / "cuda").iterdir()} == {p.name for p in (tmp_path / "cpu").iterdir()}

@@ -6,10 +6,16 @@ would run code when unpickled is refused and none of its code runs; a missing, t
 foreign file is one line naming it. `load_model` rebuilds the model and its `Preparation` (how
 image files become its input) from the checkpoint alone, with no data module and no data files;
 `load_checkpoint` rebuilds the data module too, for evaluating on a split.
+
+A checkpoint names its data module by class path, and only the classes of `DATAMODULES` are
+rebuilt from that name: a file must not decide what code is imported. A data module of your own
+(`vit-train fit --data mydm.Pets`) is imported when you name it (`datamodule_class`, the
+commands' `--datamodule`).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import pickle
 import re
@@ -121,69 +127,128 @@ def build_model(ckpt: dict, path: str | Path) -> Classifier:
     return model.eval()
 
 
-def _datamodule_class(dm_hparams: dict, path: str | Path) -> type[L.LightningDataModule]:
-    cls = DATAMODULES.get(dm_hparams.get("_class_path"))
-    if cls is None:
-        raise ValueError(f"{path} names an unknown data module {dm_hparams.get('_class_path')!r}")
+def _import_datamodule(given: type | str) -> type[L.LightningDataModule]:
+    """The data module class a user names: the class, or its path `module.Class` (`mydm.Pets`, as
+    LightningCLI records it), imported because the user named it."""
+    cls = given
+    if isinstance(given, str):
+        module_name, _, name = given.rpartition(".")
+        if not module_name or not name:
+            raise UsageError(f"--datamodule {given!r} is not MODULE.CLASS (such as mydm.Pets)")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise UsageError(
+                f"--datamodule {given}: cannot import {module_name} ({e}; is its folder on PYTHONPATH?)"
+            ) from e
+        cls = getattr(module, name, None)
+        if cls is None:
+            raise UsageError(f"--datamodule {given}: {module_name} has no {name}")
+    if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
+        raise UsageError(f"--datamodule {given}: not a LightningDataModule class")
     return cls
 
 
-def preparation_of(ckpt: dict, model: Classifier, path: str | Path) -> Preparation:
+def _datamodule_class(
+    dm_hparams: dict, path: str | Path, given: type | str | None = None
+) -> type[L.LightningDataModule]:
+    """The class the user gave (`_import_datamodule`), else the one of `DATAMODULES` the checkpoint
+    names; a name not there is never imported."""
+    if given is not None:
+        return _import_datamodule(given)
+    class_path = dm_hparams.get("_class_path")
+    cls = DATAMODULES.get(class_path)
+    if cls is None:
+        raise UsageError(
+            f"{path} names an unknown data module {class_path!r}: "
+            f"pass --datamodule {class_path or 'MODULE.CLASS'} to import it"
+        )
+    return cls
+
+
+def preparation_of(
+    ckpt: dict, model: Classifier, path: str | Path, datamodule_class: type | str | None = None
+) -> Preparation:
     """How image files become the input of a checkpoint's model: the preparation vit-train stored;
-    for older checkpoints, the one its data module's recorded arguments describe; for a checkpoint
-    without a data module, the model's channels and image size, its classes named by number."""
+    for older checkpoints, the one its data module's recorded arguments describe (that module's
+    class: `datamodule_class` where given); for a checkpoint without a data module, the model's
+    channels and image size, its classes named by number."""
     hparams = model.hparams
     numbered = [str(i) for i in range(hparams.num_classes)]
+    dm_hparams = ckpt.get("datamodule_hyper_parameters")
+    if "preparation" not in ckpt and dm_hparams:  # outside the try: a missing --datamodule is bad usage
+        cls = _datamodule_class(dm_hparams, path, datamodule_class)
     try:
         if "preparation" in ckpt:
             return Preparation.from_dict(ckpt["preparation"])
-        if dm_hparams := ckpt.get("datamodule_hyper_parameters"):
-            preparation = _datamodule_class(dm_hparams, path).preparation_for(_public(dm_hparams))
+        if dm_hparams:
+            preparation = cls.preparation_for(_public(dm_hparams))
             # image folders recorded no class names before they were kept: number them
             return preparation if preparation.classes else replace(preparation, classes=numbered)
-    except (TypeError, KeyError, ValueError) as e:  # ValueError: a bad value (UsageError)
+    except (AttributeError, TypeError, KeyError, ValueError) as e:  # ValueError: a bad value (UsageError)
         raise ValueError(f"{path} does not say how to prepare images ({type(e).__name__}: {e})") from e
     return Preparation(
         channels=hparams.get("in_channels", 3), size=hparams.get("image_size", 32), classes=numbered
     )
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Classifier, Preparation]:
+def load_model(
+    path: str | Path, map_location: str | torch.device = "cpu", datamodule_class: type | str | None = None
+) -> tuple[Classifier, Preparation]:
     """Model (in eval mode) and preparation of a checkpoint: all that classifying or drawing image
-    files needs. Builds no data module and reads no data file."""
+    files needs. Builds no data module and reads no data file (`datamodule_class`: see
+    `preparation_of`)."""
     ckpt = read_checkpoint(path, map_location)
     model = build_model(ckpt, path)
-    return model, preparation_of(ckpt, model, path)
+    return model, preparation_of(ckpt, model, path, datamodule_class)
 
 
-def check_source(ckpt: str | Path | None, model: str | None, weights: str | Path | None) -> None:
-    """A command reads a checkpoint or a model, one of them; a weights file goes with a model."""
+def check_source(
+    ckpt: str | Path | None,
+    model: str | None,
+    weights: str | Path | None,
+    datamodule_class: type | str | None = None,
+) -> None:
+    """A command reads a checkpoint or a model, one of them; a weights file goes with a model, a
+    data module class with a checkpoint."""
     if (ckpt is None) == (model is None):
         raise UsageError("give a checkpoint (--ckpt) or a model (--model), one of them")
     if weights is not None and model is None:
         raise UsageError("--weights goes with --model (a checkpoint holds its own weights)")
+    if datamodule_class is not None and ckpt is None:
+        raise UsageError("--datamodule goes with --ckpt (a --model has no data module)")
 
 
 def load_network(
-    ckpt: str | Path | None = None, model: str | None = None, weights: str | Path | None = None
+    ckpt: str | Path | None = None,
+    model: str | None = None,
+    weights: str | Path | None = None,
+    datamodule_class: type | str | None = None,
 ) -> tuple[nn.Module, Preparation]:
     """The network (in eval mode) and its preparation, from a checkpoint written by vit-train
-    (`ckpt`) or from a model of another library or a vit-export folder (`model`, with an optional
-    `weights` file: `vit.pretrained.load_source`): what the commands that read image files need."""
-    check_source(ckpt, model, weights)
+    (`ckpt`, with `datamodule_class` for `preparation_of`) or from a model of another library or a
+    vit-export folder (`model`, with an optional `weights` file: `vit.pretrained.load_source`):
+    what the commands that read image files need."""
+    check_source(ckpt, model, weights, datamodule_class)
     if model is not None:
         return load_source(model, weights)
-    classifier, preparation = load_model(ckpt)
+    classifier, preparation = load_model(ckpt, datamodule_class=datamodule_class)
     return classifier.model, preparation
 
 
 def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", data: dict | None = None
+    path: str | Path,
+    map_location: str | torch.device = "cpu",
+    data: dict | None = None,
+    datamodule_class: type | str | None = None,
 ) -> tuple[Classifier, L.LightningDataModule | None]:
     """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint,
-    for measuring the model on a split of its data. `data` overrides arguments of the data module
-    before it is built (another folder, another test split); an argument it does not take is a
-    ValueError that lists those it does."""
+    for measuring the model on a split of its data. The data module is built with the arguments
+    the checkpoint recorded; `data` overrides some before it is built (another folder, another
+    test split); an argument it does not take is a ValueError that lists those it does. Its class
+    is `datamodule_class` where given (a class, or its path `module.Class` such as `mydm.Pets`,
+    imported because you name it), else the one the checkpoint names if `DATAMODULES` holds it:
+    any other name is a UsageError that says to pass --datamodule."""
     data = dict(data or {})
     ckpt = read_checkpoint(path, map_location)
     model = build_model(ckpt, path)
@@ -191,8 +256,10 @@ def load_checkpoint(
     if not dm_hparams:
         if data:
             raise UsageError(f"{path} names no data module, so there is none to change with {data}")
+        if datamodule_class is not None:
+            raise UsageError(f"{path} names no data module, so there is none to build as {datamodule_class}")
         return model, None
-    cls = _datamodule_class(dm_hparams, path)
+    cls = _datamodule_class(dm_hparams, path, datamodule_class)
     options = _options(cls)
     unknown = sorted(set(data) - set(options))
     if unknown:

@@ -5,14 +5,16 @@
     vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
     vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
     vit-attention --ckpt best.ckpt --html            # one page: every layer, head, query and method
+    vit-attention --ckpt best.ckpt --datamodule mydm.Pets --data root=photos  # your own data module
 
 The maps come from `vit.attention_maps.explain`; this command loads (`vit.commands.inputs`), draws
 and saves. Image files need only the checkpoint (its `Preparation`: no data module is built) or a
 model of another library (`--model`, `vit.pretrained`); test images come from the checkpoint's
-data module. Every check
-of the arguments runs before anything is computed or written; a bad one stops the command with
-one line `error: ...` and exit status 2 (a bad option or value) or 1 (a missing or unreadable
-file), and no output folder is made.
+data module. The maps, the page and the plots are computed on `--device` (the model moves there;
+the library moves the images a chunk at a time and hands the results back on the CPU, where they
+are drawn). Every check of the arguments runs before anything is computed or written; a bad one
+stops the command with one line `error: ...` and exit status 2 (a bad option or value) or 1 (a
+missing or unreadable file), and no output folder is made.
 
 torch, Lightning and matplotlib are imported inside the functions that use them, not at the top:
 importing them takes seconds, and `vit-attention --help` needs none of them.
@@ -28,12 +30,14 @@ from typing import TYPE_CHECKING
 
 from vit.commands.base import (
     Parser,
+    add_data_argument,
+    add_device_argument,
     add_images_argument,
     add_source_arguments,
     check_out_folder,
     run_command,
 )
-from vit.commands.inputs import check_counts, check_images, load_inputs
+from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -81,6 +85,8 @@ def attention(
     ckpt: Path | None = None,
     model: str | None = None,
     weights: Path | None = None,
+    datamodule_class: str | None = None,
+    data: dict | None = None,
     images: list[Path] | None = None,
     num_images: int = 8,
     method: str = "cls",
@@ -93,6 +99,7 @@ def attention(
     plots: bool = False,
     out: Path = Path("attention"),
     batch_size: int = 64,
+    device: str = "auto",
     threads: int | None = None,
     html: str | Path | None = None,
     scores: Path | None = None,
@@ -105,6 +112,9 @@ def attention(
     name) with a row per layer and a column per head. `plots` adds the ViT paper's Figure 7:
     mean_attention_distance.png, pos_embed_similarity.png and embedding_filters.png. The
     options are those of `vit.attention_maps.explain`, and `vit-attention --help` explains them.
+    Test images come from the checkpoint's data module, built as `vit.commands.inputs.load_inputs`
+    builds it (`datamodule_class`, `data`). Everything is computed on `device` (auto: cuda where
+    PyTorch sees one) and drawn on the CPU.
 
     `html` writes one self-contained page instead (`vit.explore`: every layer, head, query and
     method, in a browser) to that file, or to `<out>/attention.html` when it is "" (a bare
@@ -120,8 +130,8 @@ def attention(
     started = time.perf_counter()
     if isinstance(query_patch, str):  # as given on the command line
         query_patch = patch(query_patch)
-    check_source(ckpt, model, weights)
-    check_images(model, images)
+    check_source(ckpt, model, weights, datamodule_class)
+    check_images(model, images, data)
     check_options(method, layer, head, query_patch, head_fusion, discard_ratio)
     check_out_folder(out)
     page = None if html is None else page_path(html, out, plots, target)
@@ -132,8 +142,9 @@ def attention(
         if threads < 1:
             raise UsageError(f"threads={threads} must be at least 1")
         torch.set_num_threads(threads)
-    inputs = load_inputs(ckpt, model, weights, images, num_images)
-    model: ViT = inputs.model
+    device = torch_device(device)
+    inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
+    model: ViT = inputs.model.to(device)  # the images follow a chunk at a time, results come back
     batch, labels, names = inputs.images, inputs.labels, inputs.class_names
     if inputs.files is not None:
         captions, tags = [f.name for f in inputs.files], [file_tag(f.stem) for f in inputs.files]
@@ -249,15 +260,17 @@ def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
     for weights in iter_attention(model, images, batch_size=batch_size):  # chunk by chunk
         distance = distance + mean_attention_distance(model, weights) * weights.shape[1]
         count += weights.shape[1]
-    figures = {"mean_attention_distance.png": mean_distance_figure(distance / count, model.image_size)}
+    distances = (distance / count).cpu()  # computed on the model's device, drawn from the CPU
+    figures = {"mean_attention_distance.png": mean_distance_figure(distances, model.image_size)}
     if model.pos_embed is not None:
-        figures["pos_embed_similarity.png"] = pos_embed_similarity_figure(pos_embed_similarity(model))
+        figures["pos_embed_similarity.png"] = pos_embed_similarity_figure(pos_embed_similarity(model).cpu())
     else:
         print("no pos_embed_similarity.png: the model has no position embeddings")
     if model.config.conv_stem:
         print("no embedding_filters.png: the model's conv_stem lies between pixels and patch projection")
     else:
-        figures["embedding_filters.png"] = embedding_filters_figure(*embedding_filter_components(model))
+        components, explained = embedding_filter_components(model)
+        figures["embedding_filters.png"] = embedding_filters_figure(components.cpu(), explained.cpu())
     return figures
 
 
@@ -285,6 +298,7 @@ def parser() -> Parser:
     )
     add = parser.add_argument
     add_source_arguments(parser)
+    add_data_argument(parser)
     add_images_argument(parser)
     add(
         "--num-images",
@@ -345,6 +359,7 @@ def parser() -> Parser:
         metavar="N",
         help="images per forward pass (bounds the memory the weights take)",
     )
+    add_device_argument(parser)
     add("--threads", type=int, default=None, help="PyTorch CPU threads; default PyTorch's choice")
     add(
         "--html",
@@ -370,8 +385,9 @@ def main(args: list[str] | None = None) -> None:
         from vit.commands.score import main as score
 
         return score(args[1:])
-    options = vars(parser().parse_args(args))
-    run_command(attention, **{key.replace("-", "_"): value for key, value in options.items()})
+    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
+    data = options.pop("data")
+    run_command(lambda: attention(**options, data=parse_data_options(data)))
 
 
 if __name__ == "__main__":

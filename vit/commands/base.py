@@ -60,8 +60,17 @@ class Parser(OneLineErrors, ArgumentParser):
 
 
 def add_source_arguments(parser: Parser) -> None:
-    """--ckpt, or --model with an optional --weights: where a command's network comes from."""
+    """--ckpt (with --datamodule for a data module of the user's own), or --model with an optional
+    --weights: where a command's network comes from."""
     parser.add_argument("--ckpt", default=None, metavar="PATH", help="checkpoint written by vit-train")
+    parser.add_argument(
+        "--datamodule",
+        dest="datamodule_class",
+        default=None,
+        metavar="CLASS_PATH",
+        help="the class of the checkpoint's data module when it is your own (vit-train fit --data "
+        "mydm.Pets): mydm.Pets, imported because you name it; a checkpoint alone never imports code",
+    )
     parser.add_argument(
         "--model",
         default=None,
@@ -84,6 +93,19 @@ def add_images_argument(parser: Parser) -> None:
         default=None,
         metavar="PATH",
         help="image files or folders of them; default: test images of the checkpoint's data set",
+    )
+
+
+def add_data_argument(parser: Parser) -> None:
+    """--data KEY=VALUE, repeatable: the checkpoint's data module built with other arguments
+    (`vit.commands.inputs.parse_data_options` reads them)."""
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an argument of the checkpoint's data module, as YAML (repeat for more): another "
+        "folder (root=/data/other) or test set (test_split=far)",
     )
 
 

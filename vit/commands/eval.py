@@ -4,6 +4,7 @@
     vit-eval --ckpt best.ckpt --out eval                               # and write metrics, plots
     vit-eval --ckpt best.ckpt --data test_split=far                    # another two-circles test set
     vit-eval --ckpt best.ckpt --data root=/data/other                  # another image folder
+    vit-eval --ckpt best.ckpt --datamodule mydm.Pets                   # a data module of your own
     vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top-k 3        # top classes as JSON
     vit-eval --model timm:deit_tiny_patch16_224 --weights deit.safetensors --data root=imagenet/val
     vit-eval predict --model hf:google/vit-base-patch16-224 cat.jpg    # models of other libraries
@@ -26,10 +27,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
-from vit.commands.base import Parser, add_device_argument, add_source_arguments, check_out_folder, run_command
-from vit.commands.inputs import torch_device
+from vit.commands.base import (
+    Parser,
+    add_data_argument,
+    add_device_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
+from vit.commands.inputs import check_datamodule, parse_data_options, torch_device
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -37,21 +43,6 @@ if TYPE_CHECKING:
     from vit.preparation import Preparation
 
 SPLITS = ("test", "val")
-
-
-def parse_data_options(items: list[str]) -> dict:
-    """["test_split=far", "separation=[12, 15]"] -> {"test_split": "far", "separation": [12, 15]}:
-    each value read as YAML, so numbers, booleans and lists come out typed."""
-    options = {}
-    for item in items:
-        key, equals, value = item.partition("=")
-        if not equals or not key:
-            raise UsageError(f"--data {item!r} is not KEY=VALUE")
-        try:
-            options[key] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise UsageError(f"--data {item!r}: the value is not YAML ({' '.join(str(e).split())})") from e
-    return options
 
 
 def output_indices(names: list[str], preparation: Preparation, folder: Path) -> list[int]:
@@ -119,6 +110,7 @@ def evaluate(
     progress: bool = True,
     model: str | None = None,
     weights: str | Path | None = None,
+    datamodule_class: str | None = None,
 ) -> dict:
     """Measure a checkpoint on a split of its data module, or a model (`model`: timm:NAME,
     hf:ID, a vit-export folder; `weights` its file) on a folder of class folders
@@ -126,7 +118,8 @@ def evaluate(
     reliability.png there. Returns the metrics.
 
     `data` overrides arguments of the data module rebuilt from the checkpoint (another folder,
-    another test split); `batch_size` is the same as data={"batch_size": ...}. A model's class
+    another test split); `batch_size` is the same as data={"batch_size": ...}; `datamodule_class`
+    names its class when it is the user's own (`vit.checkpoint.load_checkpoint`). A model's class
     folders are named by its class names or, for ImageNet heads, synsets (n01440764); they may be
     a subset of its classes (a prediction of another class is wrong).
     """
@@ -138,7 +131,7 @@ def evaluate(
 
     if split not in SPLITS:
         raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    check_source(ckpt, model, weights)
+    check_source(ckpt, model, weights, datamodule_class)
     device = torch_device(device)
     data = dict(data or {})
     if batch_size is not None and batch_size < 1:
@@ -147,9 +140,10 @@ def evaluate(
     if model is None:
         if batch_size is not None:
             data["batch_size"] = batch_size
-        network, datamodule = load_checkpoint(ckpt, data=data)
+        network, datamodule = load_checkpoint(ckpt, data=data, datamodule_class=datamodule_class)
         if datamodule is None:
             raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict reads files")
+        check_datamodule(datamodule)
         datamodule.prepare_data()  # a download, where the data module was told to make one
         dataset, classes, present = datamodule.split(split), [str(c) for c in datamodule.classes], None
         batch_size = datamodule.hparams.get("batch_size", 128)
@@ -209,11 +203,12 @@ def predict(
     device: str = "auto",
     model: str | None = None,
     weights: str | Path | None = None,
+    datamodule_class: str | None = None,
 ) -> list[dict]:
     """Classify image files (any size or mode), prepared as the checkpoint's (or the model's)
     preparation says, and print, as JSON, each file's `top_k` classes with their probabilities,
     most probable first. Returns that list. Needs only the checkpoint: no data module, no data
-    files."""
+    files (`datamodule_class`: see `vit.checkpoint.preparation_of`)."""
     from vit.checkpoint import load_network
     from vit.metrics import predict_probabilities
     from vit.preparation import read_images
@@ -225,7 +220,7 @@ def predict(
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"image not found: {file}")
-    network, preparation = load_network(ckpt, model, weights)
+    network, preparation = load_network(ckpt, model, weights, datamodule_class)
     classes = list(preparation.classes)
     if not classes:
         raise UsageError(f"{model} has no head (it outputs features): it has no classes to predict")
@@ -245,11 +240,6 @@ def predict(
     return results
 
 
-DATA_HELP = (
-    "override an argument of the checkpoint's data module, as YAML (repeat for more): "
-    "another folder (root=/data/other) or test set (test_split=far); with --model, the folder "
-    "of class folders to measure it on (root=FOLDER)"
-)
 TTA_HELP = (
     "average the probabilities of each image and its mirror image (flipped left to right); only for "
     "data whose classes survive a mirror (not two circles: a flip swaps / and \\)"
@@ -272,7 +262,7 @@ def evaluate_parser() -> Parser:
     )
     add_source_arguments(parser)
     parser.add_argument("--split", default="test", choices=SPLITS, help="which split to measure")
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
+    add_data_argument(parser)
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
     parser.add_argument(
         "--batch-size",
@@ -326,6 +316,7 @@ def main(args: list[str] | None = None) -> None:
             device=options.device,
             model=options.model,
             weights=options.weights,
+            datamodule_class=options.datamodule_class,
         )
     else:
         options = evaluate_parser().parse_args(args)
@@ -340,6 +331,7 @@ def main(args: list[str] | None = None) -> None:
                 device=options.device,
                 model=options.model,
                 weights=options.weights,
+                datamodule_class=options.datamodule_class,
             )
         )
 

@@ -4,6 +4,7 @@ insertion, against the evidence where the data knows it, and by sanity checks (`
     vit-attention score --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/scores
     vit-attention score --ckpt best.ckpt --methods rollout grad-rollout random --num_images 128
     vit-attention score --model timm:deit_small_patch16_224 --weights deit.safetensors --images photos/
+    vit-attention score --ckpt best.ckpt --datamodule mydm.Pets     # a data module of your own
 
 Loads as `vit-attention` does (`vit.commands.inputs`); prints the tables; with `--out`, writes
 scores.json (protocol, settings, figures, curves) and the figures. Bad input is one line
@@ -18,13 +19,14 @@ from pathlib import Path
 
 from vit.commands.base import (
     Parser,
+    add_data_argument,
     add_device_argument,
     add_images_argument,
     add_source_arguments,
     check_out_folder,
     run_command,
 )
-from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
+from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
 from vit.errors import UsageError
 
 # The keys of `vit.faithfulness.METHODS`, here so that --help needs no torch (a test checks them).
@@ -73,6 +75,8 @@ def score(
     ckpt: Path | None = None,
     model: str | None = None,
     weights: Path | None = None,
+    datamodule_class: str | None = None,
+    data: dict | None = None,
     images: list[Path] | None = None,
     num_images: int = 512,
     methods: list[str] | None = None,
@@ -83,7 +87,9 @@ def score(
     seed: int = 0,
 ) -> dict:
     """Score the maps of a checkpoint's ViT (or a `--model`'s) on test images or image files, print
-    the tables and, with `out`, write scores.json and the figures. Returns the results."""
+    the tables and, with `out`, write scores.json and the figures. Returns the results. Test
+    images come from the checkpoint's data module, built as `vit.commands.inputs.load_inputs`
+    builds it (`datamodule_class`, `data`)."""
     import torch
 
     from vit.checkpoint import check_source
@@ -98,15 +104,15 @@ def score(
     )
 
     started = time.perf_counter()
-    check_source(ckpt, model, weights)
+    check_source(ckpt, model, weights, datamodule_class)
     unknown = [m for m in methods or [] if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     check_counts(num_images, batch_size)
-    check_images(model, images)
+    check_images(model, images, data)
     check_out_folder(out)
     device = torch_device(device)
-    inputs = load_inputs(ckpt, model, weights, images, num_images)
+    inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
     network, batch, labels, datamodule = inputs.model, inputs.images, inputs.labels, inputs.datamodule
     evidence, why = None, None
     if datamodule is None:
@@ -172,6 +178,7 @@ def parser() -> Parser:
     )
     add = parser.add_argument
     add_source_arguments(parser)
+    add_data_argument(parser)
     add_images_argument(parser)
     add("--num-images", "--num_images", type=int, default=512, metavar="N",
         help="how many test images, spread over the test split")  # fmt: skip
@@ -194,4 +201,5 @@ def parser() -> Parser:
 def main(args: list[str]) -> None:
     options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
     options["sanity"] = not options.pop("no_sanity")
-    run_command(score, **options)
+    data = options.pop("data")
+    run_command(lambda: score(**options, data=parse_data_options(data)))
