@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import command_error, tiny_args
 
-from vit.checkpoint import load_checkpoint, load_model
+from vit.checkpoint import load_checkpoint, load_datamodule, load_model
 from vit.commands import attention, eval, train
 from vit.errors import UsageError
 
@@ -75,6 +75,8 @@ def test_the_commands_rebuild_the_data_module_the_user_names(own, tmp_path, caps
     for given in ("owndm.Circles", Circles):  # in Python: the class path or the class itself
         _, datamodule = load_checkpoint(own, datamodule_class=given)
         assert type(datamodule) is Circles and datamodule.hparams.num_test == 128
+        datamodule = load_datamodule(own, cls=given, data={"num_test": 64})  # the data module alone
+        assert type(datamodule) is Circles and datamodule.hparams.num_test == 64
 
 
 COMMANDS = {

@@ -243,30 +243,37 @@ def load_checkpoint(
     datamodule_class: type | str | None = None,
 ) -> tuple[Classifier, L.LightningDataModule | None]:
     """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint,
-    for measuring the model on a split of its data. The data module is built with the arguments
-    the checkpoint recorded; `data` overrides some before it is built (another folder, another
-    test split); an argument it does not take is a ValueError that lists those it does. Its class
-    is `datamodule_class` where given (a class, or its path `module.Class` such as `mydm.Pets`,
-    imported because you name it), else the one the checkpoint names if `DATAMODULES` holds it:
-    any other name is a UsageError that says to pass --datamodule."""
-    data = dict(data or {})
+    for measuring the model on a split of its data: `build_model` and `load_datamodule`."""
     ckpt = read_checkpoint(path, map_location)
-    model = build_model(ckpt, path)
+    return build_model(ckpt, path), load_datamodule(path, cls=datamodule_class, data=data, ckpt=ckpt)
+
+
+def load_datamodule(
+    path: str | Path, cls: type | str | None = None, data: dict | None = None, ckpt: dict | None = None
+) -> L.LightningDataModule | None:
+    """The data module a checkpoint was trained with (None if it names none), built with the
+    arguments the checkpoint recorded; `data` overrides some before it is built (another folder,
+    another test split); an argument it does not take is a UsageError that lists those it does.
+    Its class is `cls` where given (a class, or its path `module.Class` such as `mydm.Pets`,
+    imported because you name it), else the one the checkpoint names if `DATAMODULES` holds it:
+    any other name is a UsageError that says to pass --datamodule. `ckpt`: the checkpoint's
+    contents where already read."""
+    data = dict(data or {})
+    ckpt = read_checkpoint(path) if ckpt is None else ckpt
     dm_hparams = ckpt.get("datamodule_hyper_parameters")
     if not dm_hparams:
         if data:
             raise UsageError(f"{path} names no data module, so there is none to change with {data}")
-        if datamodule_class is not None:
-            raise UsageError(f"{path} names no data module, so there is none to build as {datamodule_class}")
-        return model, None
-    cls = _datamodule_class(dm_hparams, path, datamodule_class)
+        if cls is not None:
+            raise UsageError(f"{path} names no data module, so there is none to build as {cls}")
+        return None
+    cls = _datamodule_class(dm_hparams, path, cls)
     options = _options(cls)
     unknown = sorted(set(data) - set(options))
     if unknown:
         raise UsageError(f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}")
     try:
-        datamodule = cls(**{**_public(dm_hparams), **data})
+        return cls(**{**_public(dm_hparams), **data})
     except TypeError as e:  # a value of the wrong type, found by the constructor
         given = f" with {data}" if data else ""
         raise UsageError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e
-    return model, datamodule
