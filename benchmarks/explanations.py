@@ -37,7 +37,7 @@ from vit.plot import save_figure
 
 KEYS = ("rollout", "grad_rollout")  # EvidenceMass's metrics: val/evidence_mass_<key>
 MAP_PASSES = {
-    "attention": 1,
+    "cls": 1,
     "rollout": 1,
     "grad-rollout": 3,
     "input-gradient": 3,

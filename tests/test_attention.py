@@ -305,3 +305,15 @@ def test_every_method_works_with_several_prefix_tokens(options):
     if model.cls_token is None:
         with pytest.raises(ValueError, match="no class token"):
             explain(model, images, "cls")
+
+
+def test_a_distilled_model_pools_the_rows_of_both_tokens_its_heads_read():
+    """DeiT averages the logits of a head on the class token and one on the distillation token:
+    rollout and gradient rollout show the mean of those two rows."""
+    from vit import ViT
+    from vit.attention_maps import pooled_maps, to_patch_grid
+
+    model = ViT(preset="micro", image_size=16, patch_size=4, num_classes=3, distilled=True)
+    relevance = torch.rand(2, model.num_prefix_tokens + 16, model.num_prefix_tokens + 16)
+    expected = to_patch_grid(model, (relevance[:, 0] + relevance[:, 1]) / 2)
+    torch.testing.assert_close(pooled_maps(model, relevance), expected)

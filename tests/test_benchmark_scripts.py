@@ -234,7 +234,7 @@ def test_the_passes_the_protocol_needs_are_the_passes_it_makes(trained):
     images = data.split("test")[:8][0]
     seen = []
     handle = model.register_forward_hook(lambda module, args, out: seen.append(len(args[0])))
-    methods = ["attention", "rollout", "grad-rollout", "input-gradient", "random"]
+    methods = ["cls", "rollout", "grad-rollout", "input-gradient", "random"]
     try:
         for sanity in (False, True):
             seen.clear()

@@ -144,3 +144,27 @@ def test_a_dead_link_fails_the_check(tmp_path):
         "```\n[code](x.md)\n```\n"
     )
     assert dead_links(page) == ["nowhere.md", "there.md#d"]
+
+
+def parsers():
+    from vit.commands import attention, eval, export, score
+
+    return {
+        "vit-eval": eval.evaluate_parser(),
+        "vit-eval predict": eval.predict_parser(),
+        "vit-attention": attention.parser(),
+        "vit-attention score": score.parser(),
+        "vit-export": export.parser(),
+    }
+
+
+def test_every_option_is_shown_one_way_and_read_both_ways():
+    """Options of several words are shown with underscores, as vit-train's are; the hyphenated
+    spelling is read as the same option."""
+    for name, parser in parsers().items():
+        shown = re.findall(r"--[\w-]+", parser.format_help())
+        assert not [o for o in shown if "-" in o[2:]], name
+    parser = parsers()["vit-attention"]
+    for args in (["--num_images", "3", "--query_patch", "1,2"], ["--num-images", "3", "--query-patch=1,2"]):
+        options = parser.parse_args(["--ckpt", "x.ckpt", *args])
+        assert (options.num_images, options.query_patch) == (3, "1,2")

@@ -98,7 +98,7 @@ def test_rollout_ignores_the_target_and_gradient_rollout_does_not(trained):
     model = classifier.model
     images = data.split("test")[:16][0]
     zeros, ones = torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long)
-    for method in ("rollout", "attention"):
+    for method in ("rollout", "cls"):
         torch.testing.assert_close(
             method_maps(model, images, method, zeros), method_maps(model, images, method, ones)
         )
@@ -217,7 +217,7 @@ def test_score_on_image_folders_with_masks_and_without(trained, tmp_path, capsys
 @pytest.mark.parametrize(
     "options, status, message",
     [
-        (["--methods", "gradcam"], 2, "unknown method 'gradcam'; choose from attention, rollout"),
+        (["--methods", "gradcam"], 2, "unknown method 'gradcam'; choose from cls, rollout"),
         (["--num_images", "0"], 2, "num_images=0 and batch_size=64 must be at least 1"),
         (["--methods", "evidence"], 2, "--methods evidence needs data with evidence: ImageFolders does not"),
         (["--masks", "wrong size"], 1, "is 9x9 pixels, its image"),
@@ -280,3 +280,53 @@ def test_score_on_image_files_leaves_out_the_evidence_and_says_why(trained_check
     assert "scored 3 image files (4x4 patches)" in printed
     assert "no evidence figures: image files given with --images carry no evidence" in printed
     assert "relevance mass" not in printed and "input-gradient" in printed
+
+
+def test_the_class_token_map_is_called_cls_as_in_vit_attention_and_the_old_name_is_read(
+    trained_checkpoint, tmp_path, capsys
+):
+    """`--methods cls` names the map `vit-attention --method cls` draws; `attention`, its name in
+    earlier versions, gives the same scores under the new name, with a one-line note."""
+    results = {}
+    for name in ("cls", "attention"):
+        attention_main(["score", "--ckpt", trained_checkpoint, "--num_images", "8", "--no-sanity",
+                        "--methods", name, "--out", tmp_path / name])  # fmt: skip
+        results[name] = json.loads((tmp_path / name / "scores.json").read_text())["figures"]
+        note = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+        assert note == ([] if name == "cls" else ["note: the method 'attention' is now called 'cls'"])
+    assert list(results["cls"]) == list(results["attention"]) == ["cls"]
+    assert results["cls"] == results["attention"]
+
+
+def test_ties_count_as_their_expectation_wherever_the_evidence_is():
+    """A map that ties every patch scores the evidence's share, whether the evidence is on the first
+    patch or the last (a stable sort gave 1 and 0)."""
+    for where in (0, 3):
+        evidence = torch.zeros(1, 4, dtype=torch.bool)
+        evidence[0, where] = True
+        scores = evidence_scores(torch.zeros(1, 4), evidence)
+        assert scores["rank_accuracy"].item() == scores["pointing_game"].item() == 0.25
+    # two of three tied patches make the top 2 next to an untied first one: 1 + 2/3 of a hit, of 2
+    scores = evidence_scores(torch.tensor([[3.0, 1.0, 1.0, 1.0]]), torch.tensor([[True, True, False, False]]))
+    assert scores["rank_accuracy"].item() == pytest.approx((1 + 1 / 3) / 2)
+
+
+def test_the_last_randomisation_step_leaves_no_trained_parameter_of_the_head_or_the_blocks():
+    """Relative position tables (held outside the blocks), LayerScale, LSA's temperature, the
+    distillation head and the norm after pooling are drawn anew too."""
+    from vit import ViT
+
+    for options in (
+        dict(depth=1, rel_pos_bias=True, pool="mean", pos_embed="none"),
+        dict(depth=2, layer_scale=0.1, locality_attention=True, distilled=True),
+        dict(depth=2, fc_norm=True, pool="mean"),
+    ):
+        model = ViT(preset="mini", image_size=16, patch_size=4, num_classes=3, **options)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))  # "trained": away from any initialisation
+        *_, (_, last) = randomisation_steps(model)
+        trained = dict(model.named_parameters())
+        for name, p in last.named_parameters():
+            if name.startswith(("blocks.", "rel_pos.", "head", "fc_norm")):
+                assert not torch.equal(p, trained[name]), (options, name)

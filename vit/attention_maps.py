@@ -3,7 +3,8 @@
 - `attention_weights`: every block's weights (layers, batch, heads, tokens, tokens), in chunks,
   for chosen layers and heads, even when the model runs the fused path (hooks for one call).
 - `cls_attention_maps`, `query_attention_maps`: one row of the weights laid out on the patch grid;
-  `pooled_maps`: the rows the head reads (the class token's, or the patch tokens' mean).
+  `pooled_maps`: the rows the head reads (the class token's, with a distilled model also the
+  distillation token's, or the patch tokens' mean).
 - `attention_rollout`: Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers".
 - `gradient_rollout`: Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability for
   Interpreting Bi-Modal and Encoder-Decoder Transformers" (gradient-weighted attention, R += A R).
@@ -169,7 +170,11 @@ def pooled_maps(model: ViT, relevance: torch.Tensor) -> torch.Tensor:
     patch grid (..., grid_h, grid_w): the class token's row (`pool: cls`), or the mean of the
     patch tokens' rows (`pool: mean`: the head reads their mean, never the class token). With
     `pool: mean` the identity a rollout starts from adds the same 1/patches to every patch (with
-    `pool: cls` it falls on the class token's own column, which the grid leaves out)."""
+    `pool: cls` it falls on the class token's own column, which the grid leaves out). A distilled
+    model (DeiT) averages the logits of two heads, on the class and the distillation token: the
+    mean of their two rows."""
+    if model.head_dist is not None:
+        return to_patch_grid(model, relevance[..., :2, :].mean(dim=-2))
     if model.pool == "mean":
         return to_patch_grid(model, relevance[..., model.num_prefix_tokens :, :].mean(dim=-2))
     return cls_attention_maps(model, relevance)

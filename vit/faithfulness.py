@@ -24,6 +24,7 @@ Every figure is the mean over images with a 95% bootstrap interval over images (
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,15 +41,26 @@ from vit.attention_maps import (
 from vit.errors import UsageError
 from vit.model import ViT
 
-METHODS = {  # name -> what its map is
-    "attention": "class-token attention of the last layer, mean of heads",
+METHODS = {  # name (as vit-attention --method names the same map) -> what its map is
+    "cls": "class-token attention of the last layer, mean of heads",
     "rollout": "attention rollout (Abnar & Zuidema 2020), mean of heads, rows the head reads",
     "grad-rollout": "gradient-weighted rollout (Chefer et al. 2021) for the predicted class",
     "input-gradient": "gradient times input, summed over channels and over each patch's pixels",
     "random": "uniform random values (chance)",
     "evidence": "the evidence itself (the best possible)",
 }
-MODEL_METHODS = ("attention", "rollout", "grad-rollout", "input-gradient")  # read the model
+MODEL_METHODS = ("cls", "rollout", "grad-rollout", "input-gradient")  # read the model
+OLD_NAMES = {"attention": "cls"}  # what earlier versions called a method: still read, with a note
+
+
+def current_names(methods: list[str]) -> list[str]:
+    """`methods` with the names of earlier versions replaced by today's, each noted in one line on
+    stderr."""
+    for old in dict.fromkeys(m for m in methods if m in OLD_NAMES):
+        print(f"note: the method {old!r} is now called {OLD_NAMES[old]!r}", file=sys.stderr)
+    return [OLD_NAMES.get(m, m) for m in methods]
+
+
 PROTOCOL = {
     "replacement": "patches replaced by the mean colour (per channel) of the scored images",
     "deletion": "most relevant patches replaced first; lower area is better",
@@ -57,7 +69,8 @@ PROTOCOL = {
     "area": "trapezoid over the replaced fraction in [0, 1], the unperturbed point included",
     "explained class": "the prediction on the unperturbed image (its probability at each step)",
     "accuracy": "top-1 against the labels (against the unperturbed prediction without labels)",
-    "ties": "broken in a random order fixed by the seed",
+    "ties": "removal: broken in a random order fixed by the seed; rank accuracy and pointing game: "
+    "tied patches count as their expectation over a random order",
     "relevance mass": "positive part of the map on evidence patches over its positive part on all",
     "rank accuracy": "share of the map's top-k patches that are evidence, k = evidence patches",
     "pointing game": "1 if the map's top patch is evidence",
@@ -93,9 +106,9 @@ def input_gradient(model: nn.Module, images: torch.Tensor, targets: torch.Tensor
 def method_maps(model: ViT, images: torch.Tensor, method: str, targets: torch.Tensor) -> torch.Tensor:
     """The map of `method` (one of MODEL_METHODS) for each image and its target class: (B, patches).
     Rollout and class-token attention do not read the target."""
-    if method == "attention":
+    if method == "cls":
         if model.cls_token is None:
-            raise UsageError("this model has no class token: leave out the method attention")
+            raise UsageError("this model has no class token: leave out the method cls")
         weights = attention_weights(model, images, layers=-1, batch_size=len(images))
         return cls_attention_maps(model, weights[0]).mean(dim=1).flatten(1)
     if method == "rollout":
@@ -191,11 +204,16 @@ def evidence_scores(maps: torch.Tensor, evidence: torch.Tensor) -> dict[str, tor
     patches (..., patches) bool: each (...,), NaN for an image without evidence."""
     positive = maps.clamp_min(0)
     mass = (positive * evidence).sum(-1) / positive.sum(-1).clamp_min(1e-12)
-    k = evidence.sum(-1)
-    ranked = maps.argsort(dim=-1, descending=True, stable=True)
-    hits = evidence.gather(-1, ranked).float().cumsum(-1)  # evidence among the top 1, 2, ...
-    rank = hits.gather(-1, (k - 1).clamp_min(0)[..., None])[..., 0] / k.clamp_min(1)
-    pointing = evidence.gather(-1, ranked[..., :1])[..., 0].float()
+    k, hit = evidence.sum(-1), evidence.float()
+    # Tied values count as their expectation over a random order of the ties: a map that ties
+    # everything scores the evidence's share, wherever the evidence is (a stable sort would favour
+    # the patches that come first).
+    kth = maps.sort(dim=-1, descending=True).values.gather(-1, (k - 1).clamp_min(0)[..., None])
+    above, tied = maps > kth, maps == kth
+    room = k - above.sum(-1)  # how many of the tied patches the top k takes
+    rank = ((hit * above).sum(-1) + room * (hit * tied).sum(-1) / tied.sum(-1)) / k.clamp_min(1)
+    top = maps == maps.amax(-1, keepdim=True)
+    pointing = (hit * top).sum(-1) / top.sum(-1)
     none = k == 0
     return {
         "relevance_mass": mass.masked_fill(none, float("nan")),
@@ -221,24 +239,27 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- sanity checks
 
 
-def reinitialise(module: nn.Module) -> None:
-    """Every submodule's parameters drawn anew as at construction (`reset_parameters`)."""
-    for m in module.modules():
-        if hasattr(m, "reset_parameters"):
-            m.reset_parameters()
+def reinitialise(*modules: nn.Module | None) -> None:
+    """Every submodule's parameters drawn anew as at construction (`reset_parameters`: linear
+    layers, norms, and this project's relative position tables, LayerScale and LSA temperature)."""
+    for module in filter(None, modules):
+        for m in module.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
 
 
 def randomisation_steps(model: ViT, seed: int = 0):
-    """Copies of `model` with the head, then also the last block, the one before, ... down to the
-    first re-initialised: yields (what is random so far, the copy)."""
+    """Copies of `model` with the head (with the distillation head and the norm after pooling),
+    then also the last block (with its relative position table, held outside the block), the one
+    before, ... down to the first re-initialised: yields (what is random so far, the copy)."""
     randomised = copy.deepcopy(model)
     torch.manual_seed(seed)
-    reinitialise(randomised.head)
+    reinitialise(randomised.head, randomised.head_dist, randomised.fc_norm)
     yield "head", randomised
     last = len(randomised.blocks) - 1
     for i in reversed(range(last + 1)):
         randomised = copy.deepcopy(randomised)
-        reinitialise(randomised.blocks[i])
+        reinitialise(randomised.blocks[i], randomised.rel_pos[i] if randomised.rel_pos is not None else None)
         yield f"head + block {i}" if i == last else f"head + blocks {i}-{last}", randomised
 
 
@@ -249,7 +270,7 @@ def default_methods(model: ViT, has_evidence: bool) -> list[str]:
     """Every method that applies: the evidence where the data knows it, the class token's
     attention where the model has one."""
     left_out = {"evidence"} if not has_evidence else set()
-    left_out |= {"attention"} if model.cls_token is None else set()
+    left_out |= {"cls"} if model.cls_token is None else set()
     return [m for m in METHODS if m not in left_out]
 
 
@@ -288,14 +309,14 @@ def score(
     class-token and evidence-query maps' evidence figures per layer and head), "randomisation"
     {method: [(step, interval)]}, "protocol". `progress(iterable)` wraps the chunk loop (tqdm).
     """
-    methods = list(methods or default_methods(model, evidence is not None))
+    methods = current_names(list(methods or default_methods(model, evidence is not None)))
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     if "evidence" in methods and evidence is None:
         raise UsageError("the method evidence needs data that knows its evidence")
-    if "attention" in methods and model.cls_token is None:
-        raise UsageError("this model has no class token: leave out the method attention")
+    if "cls" in methods and model.cls_token is None:
+        raise UsageError("this model has no class token: leave out the method cls")
     model.eval()
     grid, patches = model.grid_size, model.grid_size[0] * model.grid_size[1]
     counts = removal_counts(patches)

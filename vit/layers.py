@@ -117,6 +117,9 @@ class RelativePositionBias(nn.Module):
         self.relative_position_bias_table = nn.Parameter(torch.zeros(size, heads))
         self.register_buffer("relative_position_index", index, persistent=False)
 
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.relative_position_bias_table)
+
     def forward(self) -> torch.Tensor:
         """The bias (heads, tokens, tokens), to add to the attention scores."""
         return rearrange(self.relative_position_bias_table[self.relative_position_index], "n m h -> h n m")
@@ -142,7 +145,11 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init: float):
         super().__init__()
+        self.init = init
         self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.gamma, self.init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma

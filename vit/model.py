@@ -100,6 +100,10 @@ class LocalityAttention(Attention):
         super().__init__(config)
         self.log_scale = nn.Parameter(torch.tensor(self.scale).log())
 
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.log_scale.copy_(torch.tensor(self.scale).log())
+
     def scale_and_mask(self, mask: torch.Tensor | None, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         itself = torch.eye(tokens, dtype=torch.bool, device=self.log_scale.device)
         if mask is None:

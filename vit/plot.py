@@ -363,7 +363,7 @@ def reliability_figure(
 # ------------------------------------------------------------------ the scores of vit.faithfulness
 
 METHOD_COLOURS = {
-    "attention": "tab:blue",
+    "cls": "tab:blue",
     "rollout": "tab:orange",
     "grad-rollout": "tab:green",
     "input-gradient": "tab:purple",

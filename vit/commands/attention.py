@@ -1,7 +1,7 @@
 """`vit-attention`: draw where a trained ViT looks, over test images or image files.
 
     vit-attention --ckpt runs/demo/train/checkpoints/best.ckpt --out attention
-    vit-attention --ckpt best.ckpt --method query --query-patch 1,2 --layer -1
+    vit-attention --ckpt best.ckpt --method query --query_patch 1,2 --layer -1
     vit-attention --ckpt best.ckpt --method grad-rollout --images photos/ --plots
     vit-attention --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images a/
     vit-attention --ckpt best.ckpt --html            # one page: every layer, head, query and method
@@ -64,7 +64,7 @@ def check_options(
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if (method == "query") != (query_patch is not None):
-        raise UsageError("--method query needs --query-patch ROW,COLUMN, and only it takes one")
+        raise UsageError("--method query needs --query_patch ROW,COLUMN, and only it takes one")
     if head is not None and method not in ("cls", "query"):
         raise UsageError(f"--head does not apply to --method {method}: rollout combines all heads")
     if layer is not None and method == "grad-rollout":
@@ -280,7 +280,7 @@ def patch(text: str) -> tuple[int, int]:
     try:
         return int(row), int(column)
     except ValueError:
-        raise UsageError(f"--query-patch {text!r} is not ROW,COLUMN (two integers: 3,0)") from None
+        raise UsageError(f"--query_patch {text!r} is not ROW,COLUMN (two integers: 3,0)") from None
 
 
 def parser() -> Parser:
@@ -301,7 +301,6 @@ def parser() -> Parser:
     add_data_argument(parser)
     add_images_argument(parser)
     add(
-        "--num-images",
         "--num_images",
         type=int,
         default=8,
@@ -322,7 +321,6 @@ def parser() -> Parser:
     )
     add("--head", type=int, default=None, help="one head; default all, with their mean")
     add(
-        "--query-patch",
         "--query_patch",
         type=str,
         default=None,
@@ -330,13 +328,11 @@ def parser() -> Parser:
         help="the patch whose attention --method query draws",
     )
     add(
-        "--head-fusion",
         "--head_fusion",
         default="mean",
         help="how rollout combines heads: " + ", ".join(HEAD_FUSION_NAMES),
     )
     add(
-        "--discard-ratio",
         "--discard_ratio",
         type=float,
         default=0.0,
@@ -352,7 +348,6 @@ def parser() -> Parser:
     )
     add("--out", default="attention", metavar="DIR", help="folder for the PNG files")
     add(
-        "--batch-size",
         "--batch_size",
         type=int,
         default=64,

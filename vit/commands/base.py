@@ -56,7 +56,21 @@ class OneLineErrors:
 
 
 class Parser(OneLineErrors, ArgumentParser):
-    """The parser of vit-eval and vit-attention."""
+    """The parser of vit-eval, vit-attention and vit-export. Options of several words are declared
+    and shown one way, with underscores as vit-train's are (`--num_images`); the hyphenated
+    spelling (`--num-images`) is read as the same option."""
+
+    def parse_args(self, args=None, *rest, **kwargs):
+        args = sys.argv[1:] if args is None else [str(a) for a in args]
+        return super().parse_args([self.spelled(arg) for arg in args], *rest, **kwargs)
+
+    def spelled(self, arg: str) -> str:
+        """`--num-images` (or `--num-images=8`) as the declared `--num_images`; anything else as given."""
+        name, equals, value = arg.partition("=")
+        declared = "--" + name[2:].replace("-", "_")
+        if name.startswith("--") and declared in self._option_string_actions:
+            return declared + equals + value
+        return arg
 
 
 def add_source_arguments(parser: Parser) -> None:

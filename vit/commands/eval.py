@@ -5,7 +5,7 @@
     vit-eval --ckpt best.ckpt --data test_split=far                    # another two-circles test set
     vit-eval --ckpt best.ckpt --data root=/data/other                  # another image folder
     vit-eval --ckpt best.ckpt --datamodule mydm.Pets                   # a data module of your own
-    vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top-k 3        # top classes as JSON
+    vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top_k 3        # top classes as JSON
     vit-eval --model timm:deit_tiny_patch16_224 --weights deit.safetensors --data root=imagenet/val
     vit-eval predict --model hf:google/vit-base-patch16-224 cat.jpg    # models of other libraries
 
@@ -265,7 +265,6 @@ def evaluate_parser() -> Parser:
     add_data_argument(parser)
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
     parser.add_argument(
-        "--batch-size",
         "--batch_size",
         type=int,
         default=None,
@@ -291,13 +290,9 @@ def predict_parser() -> Parser:
     )
     add_source_arguments(parser)
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    parser.add_argument(
-        "--top-k", "--top_k", type=int, default=5, metavar="K", help="how many classes to list per file"
-    )
+    parser.add_argument("--top_k", type=int, default=5, metavar="K", help="how many classes to list per file")
     parser.add_argument("--tta", action="store_true", help=TTA_HELP)
-    parser.add_argument(
-        "--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass"
-    )
+    parser.add_argument("--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
     add_device_argument(parser)
     return parser
 

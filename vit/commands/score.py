@@ -30,7 +30,7 @@ from vit.commands.inputs import check_counts, check_images, load_inputs, parse_d
 from vit.errors import UsageError
 
 # The keys of `vit.faithfulness.METHODS`, here so that --help needs no torch (a test checks them).
-METHOD_NAMES = ("attention", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
+METHOD_NAMES = ("cls", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
 
 
 def table(results: dict) -> str:
@@ -94,7 +94,7 @@ def score(
 
     from vit.checkpoint import check_source
     from vit.datamodules import ImageFolders
-    from vit.faithfulness import METHODS, score
+    from vit.faithfulness import METHODS, current_names, score
     from vit.plot import (
         evidence_figure,
         layers_heads_evidence_figure,
@@ -105,6 +105,7 @@ def score(
 
     started = time.perf_counter()
     check_source(ckpt, model, weights, datamodule_class)
+    methods = current_names(methods) if methods else None
     unknown = [m for m in methods or [] if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
@@ -180,11 +181,11 @@ def parser() -> Parser:
     add_source_arguments(parser)
     add_data_argument(parser)
     add_images_argument(parser)
-    add("--num-images", "--num_images", type=int, default=512, metavar="N",
+    add("--num_images", type=int, default=512, metavar="N",
         help="how many test images, spread over the test split")  # fmt: skip
     add("--methods", nargs="+", default=None, metavar="METHOD",
         help=f"default all: {', '.join(METHOD_NAMES)} (evidence where the data knows it)")  # fmt: skip
-    add("--no-sanity", "--no_sanity", action="store_true",
+    add("--no_sanity", action="store_true",
         help="leave out the sanity checks (randomisation: a pass of every method per block)")  # fmt: skip
     add(
         "--out",
@@ -192,7 +193,7 @@ def parser() -> Parser:
         metavar="DIR",
         help="folder for scores.json and the figures; default: print only",
     )
-    add("--batch-size", "--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
+    add("--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
     add_device_argument(parser)
     add("--seed", type=int, default=0, help="the random map, tie-breaking and re-initialisation")
     return parser
