@@ -33,7 +33,7 @@ def parse(words: list[str]) -> None:
     """Parse a command line as its command would, without running it: SystemExit(2) on an unknown
     option or a bad value. vit-train parses with --print_config (its LightningCLI then prints the
     resolved config and stops)."""
-    from vit.commands import attention, eval, export, score, train
+    from vit.commands import attention, eval, export, heads, score, train
 
     command, args = words[0], words[1:]
     if command == "vit-train":
@@ -45,11 +45,11 @@ def parse(words: list[str]) -> None:
             else eval.evaluate_parser().parse_args(args)
         )
     elif command == "vit-attention":
-        (
-            score.parser().parse_args(args[1:])
-            if args[:1] == ["score"]
-            else attention.parser().parse_args(args)
-        )
+        subcommands = {"score": score.parser, "heads": heads.parser}
+        if args[:1] and args[0] in subcommands:
+            subcommands[args[0]]().parse_args(args[1:])
+        else:
+            attention.parser().parse_args(args)
     elif command == "vit-export":
         export.parser().parse_args(args)
     else:
@@ -147,13 +147,14 @@ def test_a_dead_link_fails_the_check(tmp_path):
 
 
 def parsers():
-    from vit.commands import attention, eval, export, score
+    from vit.commands import attention, eval, export, heads, score
 
     return {
         "vit-eval": eval.evaluate_parser(),
         "vit-eval predict": eval.predict_parser(),
         "vit-attention": attention.parser(),
         "vit-attention score": score.parser(),
+        "vit-attention heads": heads.parser(),
         "vit-export": export.parser(),
     }
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 TILE_INCHES = 1.3  # drawn size of one image tile
 PAD = 2  # pixels of white between tiles of a mosaic
@@ -464,4 +465,98 @@ def layers_heads_evidence_figure(results: dict, figure: str = "relevance_mass") 
         ax.set_ylabel("layer")
         ax.set_title(f"{figure.replace('_', ' ')}: {titles.get(name, name)}", fontsize=9)
     fig.colorbar(shown, ax=axes, shrink=0.8, label=f"chance {results['evidence_share']:.2f}")
+    return fig
+
+
+# ------------------------------------------------------------------------ the heads of vit.heads
+
+
+def _layers_heads_map(ax, values: np.ndarray, title: str):
+    """A layers x heads map of `values`, diverging around zero, each cell written in."""
+    bound = float(np.abs(values).max()) or 1.0  # all zero: a neutral map
+    shown = ax.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound)
+    for (row, col), v in np.ndenumerate(values):
+        ax.text(col, row, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                color="white" if abs(v) > 0.6 * bound else "black")  # fmt: skip
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    return shown
+
+
+def _means(table: list[list[dict]]) -> np.ndarray:
+    return np.array([[cell["mean"] for cell in row] for row in table])
+
+
+def ablation_figure(results: dict, kind: str) -> Figure:
+    """The change in accuracy and in the log-probability of the predicted class when each head
+    alone is ablated (`kind`: mean or zero), per layer (rows) and head (columns)."""
+    ablation = results["ablation"][kind]
+    size = (2 * (0.5 * results["heads"] + 2.4), 0.4 * results["layers"] + 1.6)
+    fig = Figure(figsize=size, layout="constrained")
+    for ax, measure in zip(fig.subplots(1, 2), ("accuracy", "log_probability"), strict=True):
+        title = f"{kind} ablation:\nchange in {measure.replace('_', '-')}"
+        fig.colorbar(_layers_heads_map(ax, _means(ablation[measure]), title), ax=ax, shrink=0.8)
+    return fig
+
+
+def attribution_figure(results: dict) -> Figure:
+    """Each head's direct contribution to the predicted class's logit, per layer and head."""
+    fig = Figure(figsize=(0.5 * results["heads"] + 3.2, 0.4 * results["layers"] + 1.6), layout="constrained")
+    ax = fig.subplots()
+    shown = _layers_heads_map(ax, _means(results["attribution"]["heads"]), "direct logit attribution")
+    fig.colorbar(shown, ax=ax, shrink=0.8, label="added to the predicted logit")
+    return fig
+
+
+def logit_lens_figure(results: dict) -> Figure:
+    """Accuracy of the class read from the residual stream after each block, with its interval,
+    against the model's; and per patch, where the head reads the patches' mean."""
+    lens = results["logit_lens"]
+    patches = "patches" in lens
+    fig = Figure(figsize=(8.4 if patches else 4.6, 3.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, 2 if patches else 1))
+    layers = np.arange(results["layers"])
+    accuracy = lens["accuracy"]
+    axes[0].plot(layers, [a["mean"] for a in accuracy], marker="o", label="logit lens")
+    axes[0].fill_between(layers, [a["low"] for a in accuracy], [a["high"] for a in accuracy], alpha=0.2)
+    axes[0].axhline(results["accuracy"]["mean"], color="grey", linestyle="--", linewidth=1, label="the model")
+    axes[0].set_xticks(layers)
+    axes[0].set_xlabel("after block")
+    axes[0].set_ylabel(f"top-1 accuracy (against {results['against']})")
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_title("logit lens", fontsize=9)
+    axes[0].legend(fontsize=7)
+    if patches:
+        shown = axes[1].imshow(np.array(lens["patches"]), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        axes[1].set_yticks(layers)
+        axes[1].set_xlabel("patch")
+        axes[1].set_ylabel("after block")
+        axes[1].set_title("each patch token read alone", fontsize=9)
+        fig.colorbar(shown, ax=axes[1], shrink=0.8, label="accuracy")
+    return fig
+
+
+def token_norms_figure(results: dict) -> Figure:
+    """Per layer, token norms over the median patch-token norm: the largest patch's, and each kind
+    of prefix token's, against the ratio above which a token counts as high-norm."""
+    norms = results["norms"]
+    layers = np.arange(results["layers"])
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.subplots()
+    lines = [("max_patch_ratio", "largest patch")] + [(f"{k}_ratio", k) for k in norms["token_kinds"]]
+    for key, label in lines:
+        ax.plot(layers, [row[key]["mean"] for row in norms["layers"]], marker="o", label=label)
+    ax.axhline(norms["norm_ratio"], color="red", linestyle="--", linewidth=1, label="high-norm above")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_yscale("log", base=2)  # ticks at 1, 2, 4, 8, ...
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(layers)
+    ax.set_xlabel("after block")
+    ax.set_ylabel("norm / median patch-token norm")
+    ax.set_title("token norms (mean over images)", fontsize=9)
+    ax.legend(fontsize=7)
     return fig

@@ -294,7 +294,8 @@ def parser() -> Parser:
             "Hugging Face (registers and other prefix tokens are reported, not drawn)."
         ),
         epilog="To score every method's maps (deletion, insertion, evidence, sanity checks): "
-        "vit-attention score --help",
+        "vit-attention score --help. Which heads the prediction uses (ablation, logit attribution, "
+        "logit lens, high-norm tokens): vit-attention heads --help",
     )
     add = parser.add_argument
     add_source_arguments(parser)
@@ -380,6 +381,10 @@ def main(args: list[str] | None = None) -> None:
         from vit.commands.score import main as score
 
         return score(args[1:])
+    if args[:1] == ["heads"]:  # vit-attention heads: which heads the prediction uses
+        from vit.commands.heads import main as heads
+
+        return heads(args[1:])
     options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
     data = options.pop("data")
     run_command(lambda: attention(**options, data=parse_data_options(data)))

@@ -1,0 +1,175 @@
+"""Which heads a ViT uses: `vit.heads` (ablation, direct logit attribution, logit lens, high-norm
+tokens) and `vit-attention heads`. The causal claims are checked on a model set by hand, whose
+one working head is known."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from helpers import command_error
+
+from vit import ViT
+from vit.commands import heads as heads_command
+from vit.commands.attention import main as attention_main
+from vit.heads import NORM_RATIO, analyse, attribution, record
+
+
+def test_the_command_names_the_library_default():
+    assert heads_command.NORM_RATIO == NORM_RATIO
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"pool": "mean"}, {"pool": "mean", "fc_norm": True}, {"num_registers": 2, "layer_scale": 0.5},
+     {"distilled": True}, {"pre_norm": True, "qkv_bias": False}],
+    ids=["cls", "mean", "fc_norm", "registers+layer_scale", "distilled", "pre_norm"],
+)  # fmt: skip
+def test_the_attribution_parts_sum_to_the_logit(options):
+    torch.manual_seed(0)
+    model = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=3, **options).eval()
+    with torch.no_grad():  # biases and norms away from their initial zeros and ones
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    found = record(model, torch.rand(6, 1, 16, 16))
+    targets = torch.tensor([0, 1, 2, 0, 1, 2])  # not only the predicted class
+    parts = attribution(model, found, targets)
+    total = (parts["embeddings"] + parts["heads"].sum((0, 1)) + parts["attention_bias"].sum(0)
+             + parts["mlp"].sum(0) + parts["constant"])  # fmt: skip
+    torch.testing.assert_close(total, found.logits[torch.arange(6), targets], atol=1e-4, rtol=0)
+    assert parts["heads"].shape == (2, 2, 6) and parts["heads"].abs().min() > 0
+
+
+def test_the_logit_lens_after_the_last_block_is_the_model(trained):
+    classifier, data = trained
+    model = classifier.model
+    images, labels = data.splits["test"].images[:24], data.splits["test"].labels[:24]
+    results = analyse(model, images, labels, batch_size=12)
+    lens = results["per_image"]["lens"]  # (layers, images): the class read after each block
+    assert torch.equal(lens[-1], model(images).argmax(-1))
+    assert results["logit_lens"]["accuracy"][-1] == results["accuracy"]
+    assert results["accuracy"]["mean"] == (model(images).argmax(-1) == labels).double().mean().item()
+    assert "patches" not in results["logit_lens"]  # the head reads the class token alone
+
+    mean_pooled = ViT(preset="micro", image_size=32, patch_size=8, in_channels=1, num_classes=4, pool="mean")
+    results = analyse(mean_pooled.eval(), images, labels, batch_size=24)
+    assert torch.equal(results["per_image"]["lens"][-1], mean_pooled(images).argmax(-1))
+    assert len(results["logit_lens"]["patches"]) == 2 and len(results["logit_lens"]["patches"][0]) == 16
+
+
+def one_head_model(head: int = 1) -> ViT:
+    """A ViT set by hand (4 channels, 2 blocks of 2 heads, 2x2 patches of 4x4 pixels, 2 classes)
+    whose only working part is head `head` of block 0: it copies into the class token whether
+    the patches are bright (class 1) or dark (class 0), and the head reads that alone. Every other
+    weight and bias is zero, the norms are left at weight 1, bias 0."""
+    model = ViT(preset="micro", dim=4, image_size=8, patch_size=4, in_channels=1, num_classes=2).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in (m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)):
+            norm.weight.fill_(1.0)
+        model.cls_token[0, 0] = torch.tensor([1.0, 0, 0, 0])
+        model.patch_embed.proj.weight[1] = 1 / 16  # a patch's mean brightness into channel 1
+        # the head's first value: 0 for the class token, 4/sqrt(3) for a bright patch (0 for a
+        # dark one: the norm of a zero token is zero); queries and keys zero, so uniform attention
+        model.blocks[0].attn.qkv.weight[2 * 4 + 2 * head] = torch.tensor([0.0, 1, 0, -1])
+        model.blocks[0].attn.proj.weight[2, 2 * head] = 1.0  # ... written into channel 2
+        model.head.weight[:] = torch.tensor([[0.0, 0, -1, 0], [0, 0, 1, 0]])  # channel 2 is the class
+    return model
+
+
+def test_ablating_the_one_working_head_sends_accuracy_to_chance_and_no_other_head_matters():
+    model = one_head_model(head=1)
+    images = torch.cat([torch.zeros(4, 1, 8, 8), torch.ones(4, 1, 8, 8)])
+    labels = torch.tensor([0] * 4 + [1] * 4)
+    assert torch.equal(model(images).argmax(-1), labels)
+    results = analyse(model, images, labels, batch_size=6)  # chunks of 2 images, 3 copies each
+    per_image = results["per_image"]
+    assert results["accuracy"]["mean"] == 1.0
+    for kind in ("mean", "zero"):
+        accuracy = per_image[f"ablation/{kind}/accuracy"]  # (layers, heads, images)
+        log_p = per_image[f"ablation/{kind}/log_probability"]
+        # zero: every image reads dark (class 0); mean: every image reads half bright (class 1)
+        assert accuracy[0, 1].mean() == -0.5, kind
+        changed = log_p[0, 1] < 0
+        assert changed.all() if kind == "mean" else changed[4:].all() and (log_p[0, 1, :4] == 0).all()
+        others = [(0, 0), (1, 0), (1, 1)]
+        assert all((accuracy[lh] == 0).all() and (log_p[lh] == 0).all() for lh in others), kind
+    attributed = per_image["attribution/heads"]
+    assert (attributed[0, 1, 4:] > 0).all() and (attributed[0, 1, :4] == 0).all()  # dark: it writes zero
+    assert (attributed[[0, 1, 1], [0, 0, 1]] == 0).all()
+    # the other heads' rows of the printed table: no change at all, interval included
+    for layer, head in ((0, 0), (1, 0), (1, 1)):
+        cell = results["ablation"]["zero"]["accuracy"][layer][head]
+        assert cell == {"mean": 0.0, "low": 0.0, "high": 0.0}
+
+
+def test_a_head_whose_output_projection_is_zero_shows_exactly_no_effect(trained):
+    classifier, data = trained
+    model = copy.deepcopy(classifier.model)
+    images, labels = data.splits["test"].images[:16], data.splits["test"].labels[:16]
+    d_head = model.config.dim // model.config.heads
+    with torch.no_grad():
+        model.blocks[0].attn.proj.weight[:, d_head : 2 * d_head] = 0  # block 0, head 1 writes nothing
+    per_image = analyse(model, images, labels, batch_size=16)["per_image"]
+    for kind in ("mean", "zero"):
+        for measure in ("accuracy", "log_probability"):
+            changes = per_image[f"ablation/{kind}/{measure}"]
+            assert (changes[0, 1] == 0).all(), (kind, measure)
+        assert (per_image[f"ablation/{kind}/log_probability"][0, 0] != 0).any()  # the other head does
+    assert (per_image["attribution/heads"][0, 1] == 0).all()
+    assert (per_image["attribution/heads"][0, 0] != 0).all()
+
+
+def test_a_register_of_large_norm_is_flagged_and_its_attention_measured():
+    torch.manual_seed(0)
+    model = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=3, num_registers=1)
+    with torch.no_grad():
+        model.reg_token.fill_(100.0)  # norm 200 against patch tokens of norm about 6
+    results = analyse(model.eval(), torch.rand(4, 1, 16, 16), batch_size=4)
+    first = results["norms"]["layers"][0]
+    assert first["registers_flagged"]["mean"] == 1.0 and first["class token_flagged"]["mean"] == 0.0
+    assert first["registers_ratio"]["mean"] > NORM_RATIO and first["patches_flagged"]["mean"] == 0.0
+    assert 0 <= first["attention_to_flagged"]["mean"] <= 1
+    assert math.isclose(first["token_share_flagged"]["mean"], 1 / (2 + 16), rel_tol=1e-6)  # 1 of 18 tokens
+    assert "attention_to_flagged" not in results["norms"]["layers"][-1]  # no block after the last
+
+
+def test_vit_attention_heads_prints_the_tables_and_writes_the_figures(trained_checkpoint, tmp_path, capsys):
+    out = tmp_path / "heads"
+    attention_main(["heads", "--ckpt", trained_checkpoint, "--num_images", "12", "--batch_size", "12",
+                    "--out", out])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "analysed 2 layers x 2 heads on 12 test images of TwoCircles" in printed
+    for title in ("each head: ablated alone", "the logit (their sum)", "logit lens", "high-norm tokens"):
+        assert title in printed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ablation_mean.png", "ablation_zero.png", "attribution.png", "heads.json", "logit_lens.png",
+        "token_norms.png",
+    ]  # fmt: skip
+    results = json.loads((out / "heads.json").read_text())
+    assert results["num_images"] == 12 and results["against"] == "labels"
+    assert len(results["ablation"]["mean"]["accuracy"]) == 2 and len(results["attribution"]["heads"][1]) == 2
+    assert results["settings"]["source"] == str(trained_checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "message"),
+    [
+        (["--num_images", "0"], 2, "num_images=0 and batch_size=64 must be at least 1"),
+        (["--norm_ratio", "1"], 2, "--norm_ratio 1 must be above 1"),
+        (["--out", "{tmp}/file.txt"], 2, "is a file, not a folder"),
+        (["--layer", "0"], 2, "--layer"),
+        (["--ckpt", "{tmp}/missing.ckpt"], 1, "missing.ckpt"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    trained_checkpoint, tmp_path, capsys, options, status, message
+):
+    (tmp_path / "file.txt").write_text("the user's")
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    args = ["heads", "--ckpt", trained_checkpoint, "--out", tmp_path / "out", *options]
+    found, error = command_error(attention_main, args, capsys)
+    assert found == status and message in error, error
+    assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "the user's"

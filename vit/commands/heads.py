@@ -1,0 +1,188 @@
+"""`vit-attention heads`: which heads does the model use? Each head ablated alone (by its mean and
+by zero), each head's direct contribution to the predicted logit, the logit lens after each block
+and the high-norm tokens of each layer (`vit.heads`).
+
+    vit-attention heads --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/heads
+    vit-attention heads --ckpt best.ckpt --num_images 128 --norm_ratio 8
+    vit-attention heads --model timm:vit_small_patch14_reg4_dinov2 --weights reg4.safetensors --images photos/
+
+Loads as `vit-attention` does (`vit.commands.inputs`); prints the tables; with `--out`, writes
+heads.json (protocol, settings, figures) and the figures. Bad input is one line `error: ...`
+(exit 2 or 1), checked before anything is computed or written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from vit.commands.base import (
+    Parser,
+    add_data_argument,
+    add_device_argument,
+    add_images_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
+from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
+from vit.errors import UsageError
+
+NORM_RATIO = 4.0  # vit.heads.NORM_RATIO, here so that --help needs no torch (a test checks them)
+
+
+def table(results: dict) -> str:
+    """The figures of `vit.heads.analyse` as text tables: heads, other parts, logit lens, norms."""
+    from vit.faithfulness import as_text as cell
+
+    lines = ["", "each head: ablated alone (change, mean [95% interval]) and its direct logit attribution"]
+    lines.append("layer head".ljust(12) + "".join(name.ljust(26) for name in (
+        "mean abl., accuracy", "mean abl., log-prob.", "zero abl., accuracy", "zero abl., log-prob.",
+        "attribution")))  # fmt: skip
+    ablation, attributed = results["ablation"], results["attribution"]
+    for layer in range(results["layers"]):
+        for head in range(results["heads"]):
+            cells = [ablation[kind][m][layer][head] for kind in ("mean", "zero")
+                     for m in ("accuracy", "log_probability")]  # fmt: skip
+            cells.append(attributed["heads"][layer][head])
+            lines.append(f"{layer:<5d} {head:<6d}" + "".join(cell(c).ljust(26) for c in cells))
+    lines += ["", "the rest of the predicted logit", "part".ljust(28) + "attribution"]
+    lines.append("embeddings".ljust(28) + cell(attributed["embeddings"]))
+    for layer, (bias, mlp) in enumerate(zip(attributed["attention_bias"], attributed["mlp"], strict=True)):
+        lines.append(f"block {layer} attention bias".ljust(28) + cell(bias))
+        lines.append(f"block {layer} MLP".ljust(28) + cell(mlp))
+    lines.append("final norm and head biases".ljust(28) + cell(attributed["constant"]))
+    lines.append("the logit (their sum)".ljust(28) + cell(attributed["logit"]))
+    lines += [
+        "",
+        f"logit lens: top-1 accuracy against {results['against']}",
+        "after block".ljust(14) + "accuracy",
+    ]
+    for layer, accuracy in enumerate(results["logit_lens"]["accuracy"]):
+        lines.append(f"{layer}".ljust(14) + cell(accuracy))
+    lines.append("the model".ljust(14) + cell(results["accuracy"]))
+    norms = results["norms"]
+    lines += ["", f"high-norm tokens: norm over the median patch-token norm above {norms['norm_ratio']:g}"]
+    columns = [("max_patch_ratio", "largest patch, ratio"), ("patches_flagged", "patches flagged")]
+    columns += [(f"{kind}_flagged", f"{kind} flagged") for kind in norms["token_kinds"]]
+    columns += [
+        ("attention_to_flagged", "next attention to them"),
+        ("token_share_flagged", "their token share"),
+    ]
+    lines.append("after block".ljust(14) + "".join(name.ljust(26) for _, name in columns))
+    for layer, row in enumerate(norms["layers"]):
+        shown = [cell(row[k]) if k in row and not math.isnan(row[k]["mean"]) else "-" for k, _ in columns]
+        lines.append(f"{layer}".ljust(14) + "".join(text.ljust(26) for text in shown))
+    lines.append("(-: no token flagged, or no block after the last)")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def heads(
+    *,
+    ckpt: Path | None = None,
+    model: str | None = None,
+    weights: Path | None = None,
+    datamodule_class: str | None = None,
+    data: dict | None = None,
+    images: list[Path] | None = None,
+    num_images: int = 512,
+    norm_ratio: float = NORM_RATIO,
+    out: Path | None = None,
+    batch_size: int = 64,
+    device: str = "auto",
+    seed: int = 0,
+) -> dict:
+    """Analyse the heads of a checkpoint's ViT (or a `--model`'s) on test images or image files,
+    print the tables and, with `out`, write heads.json and the figures. Returns the results
+    (`vit.heads.analyse`). Test images come from the checkpoint's data module, built as
+    `vit.commands.inputs.load_inputs` builds it (`datamodule_class`, `data`)."""
+    import torch
+
+    from vit.checkpoint import check_source
+    from vit.heads import ABLATIONS, analyse
+    from vit.plot import ablation_figure, attribution_figure, logit_lens_figure, save_all, token_norms_figure
+
+    started = time.perf_counter()
+    check_source(ckpt, model, weights, datamodule_class)
+    check_counts(num_images, batch_size)
+    if not norm_ratio > 1:
+        raise UsageError(f"--norm_ratio {norm_ratio:g} must be above 1: the median token's ratio is 1")
+    check_images(model, images, data)
+    check_out_folder(out)
+    device = torch_device(device)
+    inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
+    network = inputs.model.to(device)
+    batch = inputs.images
+    if inputs.datamodule is None:
+        what = f"{len(batch)} image files"
+    else:
+        what = f"{len(batch)} test images of {type(inputs.datamodule).__name__}"
+
+    from tqdm import tqdm
+
+    def progress(chunks):
+        return tqdm(chunks, desc="heads", unit="batch")
+
+    results = analyse(network, batch, inputs.labels, batch_size, norm_ratio, seed, progress)
+    results.pop("per_image")
+    seconds = time.perf_counter() - started
+    results["settings"] = {
+        "source": str(ckpt or model),
+        "images": what,
+        "batch_size": batch_size,
+        "seed": seed,
+        "device": device,
+        "seconds": round(seconds, 2),
+        "torch": torch.__version__,
+    }
+    print(f"analysed {results['layers']} layers x {results['heads']} heads on {what} in {seconds:.1f} s")
+    print(table(results))
+    if out is not None:
+        files = {"heads.json": json.dumps(results, indent=1)}
+        files.update({f"ablation_{kind}.png": ablation_figure(results, kind) for kind in ABLATIONS})
+        files["attribution.png"] = attribution_figure(results)
+        files["logit_lens.png"] = logit_lens_figure(results)
+        files["token_norms.png"] = token_norms_figure(results)
+        written = save_all(Path(out), files)
+        print(f"wrote {', '.join(p.name for p in written)} into {out}")
+    return results
+
+
+def parser() -> Parser:
+    parser = Parser(
+        prog="vit-attention heads",
+        description=(
+            "Which heads does the model use? Each head ablated alone (replaced by its mean over the "
+            "images, per token, and by zero): the change in accuracy and in the log-probability of "
+            "the predicted class; each head's direct contribution to the predicted logit; the logit "
+            "lens after each block; high-norm tokens per layer. Each with a 95% bootstrap interval "
+            "over images."
+        ),
+    )
+    add = parser.add_argument
+    add_source_arguments(parser)
+    add_data_argument(parser)
+    add_images_argument(parser)
+    add("--num_images", type=int, default=512, metavar="N",
+        help="how many test images, spread over the test split")  # fmt: skip
+    add("--norm_ratio", type=float, default=NORM_RATIO, metavar="R",
+        help="a token is high-norm above R times its image's median patch-token norm there")  # fmt: skip
+    add(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder for heads.json and the figures; default: print only",
+    )
+    add("--batch_size", type=int, default=64, metavar="N",
+        help="images per forward pass, copies included (ablation: heads + 1 copies of each)")  # fmt: skip
+    add_device_argument(parser)
+    add("--seed", type=int, default=0, help="the bootstrap's resampling")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
+    data = options.pop("data")
+    run_command(lambda: heads(**options, data=parse_data_options(data)))

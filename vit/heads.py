@@ -1,0 +1,389 @@
+"""Which heads does a ViT use? Not where they look (`vit.attention_maps`) but what they do to the
+prediction. Every analysis reads or replaces the heads at one hook point: the input of each block's
+attention output projection, `blocks[i].attn.proj`, where the heads' outputs stand concatenated as
+(batch, tokens, heads * d_head) (TransformerLens's `hook_z`).
+
+- Ablation, one head at a time: its output replaced by zero, or by its mean over the images taken
+  per token (each token position keeps that position's mean: the class token's for the class
+  token, a patch's for that patch), so that what the head says about every image stays and only
+  what it says about this image goes. Reported: the change in top-1 accuracy and in the
+  log-probability of the class predicted on the intact image. Each layer's heads are ablated in
+  one batch, beside an intact copy of the same images that every change is measured against.
+- Direct logit attribution: what each part of the final residual stream adds to the logit of the
+  predicted class, read through the final norm and the head with each LayerNorm's scale frozen at
+  its value on the intact image (the norm is then linear, and the parts sum to the logit). The
+  parts: the embeddings (patches, positions, prefix tokens), every head of every block, each
+  block's attention output bias and MLP, and a constant (the final norm's bias read by the head,
+  and the head's bias); the norm's mean is taken off each part.
+- Logit lens (nostalgebraist 2020): the residual stream after each block read by the final norm
+  and the head as if the blocks after it were gone; accuracy per layer, and per patch where the
+  head reads the patches' mean (`pool: mean`). After the last block it is the model's prediction.
+- High-norm tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): each token's norm
+  after each block against the median norm of that image's patch tokens there; tokens above
+  `norm_ratio` times it are flagged, by kind (class token, distillation token, registers,
+  patches), with the share of the next block's attention (mean over heads and queries) they get.
+
+Figures are means over images with a 95% bootstrap interval over images (`vit.faithfulness.interval`).
+`analyse` runs it all; `vit-attention heads` prints and saves what it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from vit.attention_maps import record_attention
+from vit.errors import require
+from vit.faithfulness import device_of, interval, lh_interval
+from vit.layers import LayerScale
+from vit.model import ViT
+
+# Darcet et al. call a token high-norm when its norm exceeds 150 in DINOv2 ViT-g, whose norms are
+# bimodal with the ordinary tokens far below. A ratio to the image's median patch-token norm
+# carries that over to models whose residual stream has another scale; 4 lies well above the
+# spread of ordinary tokens and below the gap the paper shows.
+NORM_RATIO = 4.0  # vit.commands.heads names it too, so that --help needs no torch
+ABLATIONS = ("mean", "zero")
+
+PROTOCOL = {
+    "hook": "the heads' outputs at the input of each block's attention output projection",
+    "mean ablation": "one head's output replaced by its mean over the images, per token position",
+    "zero ablation": "one head's output replaced by zero",
+    "ablation change": "ablated minus intact, per image: top-1 accuracy, and the log-probability of "
+    "the class predicted on the intact image; the intact copy runs in the same batch",
+    "accuracy": "top-1 against the labels (against the intact prediction without labels)",
+    "attribution": "each part's contribution to the predicted class's logit through the final norm "
+    "(its scale frozen at the intact image's, its mean taken off each part) and the head; the parts "
+    "(embeddings, heads, attention output biases, MLPs, the norm's and the head's bias) sum to the logit",
+    "logit lens": "the residual stream after each block read by the final norm and the head",
+    "high-norm tokens": "norm after a block over the median norm of the image's patch tokens there, "
+    "above the ratio; attention: the share of the next block's attention (mean over heads and "
+    "queries) the flagged tokens receive, against their share of the tokens",
+    "interval": "95% percentile bootstrap over images, 1000 resamples",
+}
+
+
+@dataclass
+class Record:
+    """What one intact forward pass leaves in the residual stream, for a batch of B images of N
+    tokens (D channels, L blocks)."""
+
+    logits: torch.Tensor  # (B, classes)
+    embeddings: torch.Tensor  # (B, N, D): the input of the first block
+    heads: torch.Tensor  # (L, B, N, heads * d_head): each block's heads' outputs, concatenated
+    mlp: torch.Tensor  # (L, B, N, D): each block's MLP branch, as added to the residual stream
+    residual: torch.Tensor  # (L, B, N, D): the residual stream after each block
+    attention: torch.Tensor  # (L, B, N): attention each token receives, mean over heads and queries
+
+
+@contextmanager
+def hooks(*pairs: tuple[Callable, Callable]):
+    """Within the `with` block, each `register(hook)` of `pairs` is in place; removed afterwards."""
+    handles = [register(hook) for register, hook in pairs]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def record(model: ViT, images: torch.Tensor) -> Record:
+    """One intact forward pass of `images` (on the model's device), everything the analyses read
+    recorded in float32."""
+    embeddings, heads, mlp, residual = [], [], [], []
+    pairs = [(model.blocks[0].register_forward_pre_hook, lambda module, args: embeddings.append(args[0]))]
+    for block in model.blocks:
+        pairs += [
+            (block.attn.proj.register_forward_pre_hook, lambda module, args: heads.append(args[0])),
+            (block.ls2.register_forward_hook, lambda module, args, out: mlp.append(out)),
+            (block.register_forward_hook, lambda module, args, out: residual.append(out)),
+        ]
+    layers = list(range(len(model.blocks)))
+    with (
+        torch.no_grad(),
+        hooks(*pairs),
+        record_attention(model, layers, lambda w: w.float().mean((1, 2))) as a,
+    ):
+        logits = model(images.to(device_of(model)))
+    return Record(
+        logits.float(),
+        embeddings[0].float(),
+        torch.stack(heads).float(),
+        torch.stack(mlp).float(),
+        torch.stack(residual).float(),
+        torch.stack([a[i][0] for i in layers]),
+    )
+
+
+# ------------------------------------------------------------------------ direct logit attribution
+
+
+def pool_weights(model: ViT, tokens: int, device: torch.device) -> torch.Tensor:
+    """How the head weighs the tokens (N,): the class token alone, or the mean of the patches."""
+    weights = torch.zeros(tokens, device=device)
+    if model.pool == "cls":
+        weights[0] = 1.0
+    else:
+        weights[model.num_prefix_tokens :] = 1.0 / (tokens - model.num_prefix_tokens)
+    return weights
+
+
+def frozen_norm(norm: nn.LayerNorm, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Vectors v with (norm(x) - norm.bias) . rows = x . v: the LayerNorm `norm` with its scale
+    frozen at x (..., D), read along `rows` (..., D). Its mean is taken off v, so that any part
+    of x read along v has its share of the mean taken off."""
+    scale = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).rsqrt()
+    read = norm.weight * rows * scale
+    return read - read.mean(-1, keepdim=True)
+
+
+def read_vectors(
+    model: ViT, residual: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How the head reads the final residual stream (B, N, D) for the classes `targets` (B,),
+    linearised at it: (R (B, N, D), constant (B,)) with logit[b, targets[b]] equal to the sum over
+    tokens t of residual[b, t] . R[b, t], plus constant[b]. Each LayerNorm's scale is frozen at its
+    value on `residual`, so the same R reads any part of the stream."""
+    pool = pool_weights(model, residual.shape[1], residual.device)
+    rows, bias = model.head.weight[targets].float(), model.head.bias[targets].float()
+    if model.config.fc_norm:  # the norm after pooling
+        pooled = torch.einsum("n,bnd->bd", pool, residual)
+        read = pool[None, :, None] * frozen_norm(model.fc_norm, pooled, rows)[:, None]
+        return read, bias + rows @ model.fc_norm.bias.float()
+    read = pool[None, :, None] * frozen_norm(model.norm, residual, rows[:, None])
+    constant = bias + rows @ model.norm.bias.float()
+    if model.head_dist is not None:  # DeiT: the mean of the class token's and the distillation token's heads
+        rows_dist = model.head_dist.weight[targets].float()
+        read = read / 2
+        read[:, 1] += frozen_norm(model.norm, residual[:, 1], rows_dist) / 2
+        constant = (
+            constant + model.head_dist.bias[targets].float() + rows_dist @ model.norm.bias.float()
+        ) / 2
+    return read, constant
+
+
+def layer_scale(module: nn.Module, dim: int, device: torch.device) -> torch.Tensor:
+    return module.gamma.float() if isinstance(module, LayerScale) else torch.ones(dim, device=device)
+
+
+@torch.no_grad()
+def attribution(model: ViT, found: Record, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Direct logit attribution of the classes `targets` (B,) in a `Record`: "heads" (L, heads, B),
+    "attention_bias" (L, B) and "mlp" (L, B) per block, "embeddings" (B,), "constant" (B,: the
+    final norm's bias and the head's bias, as the head reads them) and the "logit" (B,) they sum to."""
+    read, constant = read_vectors(model, found.residual[-1], targets.to(found.residual.device))
+    heads, attention_bias, mlp = [], [], []
+    for block, outputs, branch in zip(model.blocks, found.heads, found.mlp, strict=True):
+        scaled = read * layer_scale(block.ls1, read.shape[-1], read.device)
+        along = (
+            scaled @ block.attn.proj.weight.float()
+        )  # (B, N, heads * d_head): what each head's output is read along
+        per_head = rearrange(outputs * along, "b n (h d) -> h b n d", h=block.attn.heads)
+        heads.append(per_head.sum((-2, -1)))
+        attention_bias.append((scaled * block.attn.proj.bias.float()).sum((1, 2)))
+        mlp.append((branch * read).sum((1, 2)))
+    return {
+        "heads": torch.stack(heads),
+        "attention_bias": torch.stack(attention_bias),
+        "mlp": torch.stack(mlp),
+        "embeddings": (found.embeddings * read).sum((1, 2)),
+        "constant": constant,
+        "logit": found.logits.gather(1, targets.to(found.logits.device)[:, None])[:, 0],
+    }
+
+
+# -------------------------------------------------------------------------------------- ablation
+
+
+def ablated_logits(model: ViT, images: torch.Tensor, layer: int, replacement: torch.Tensor) -> torch.Tensor:
+    """Logits (heads + 1, B, classes) of `images` (on the model's device): first intact, then
+    with each head of block `layer` in turn replaced by its slice of `replacement` (N, heads *
+    d_head). All the copies run as one batch."""
+    attn = model.blocks[layer].attn
+    heads, batch = attn.heads, len(images)
+    # copy 0 intact, copy h + 1 with head h replaced
+    which = torch.cat([torch.zeros(1, heads), torch.eye(heads)]).bool().to(images.device)
+
+    def replace(module, args):
+        outputs = rearrange(args[0], "(c b) n (h d) -> c b n h d", c=heads + 1, h=heads)
+        new = rearrange(replacement, "n (h d) -> n h d", h=heads).to(outputs.dtype)
+        outputs = torch.where(which[:, None, None, :, None], new, outputs)
+        return (rearrange(outputs, "c b n h d -> (c b) n (h d)"),)
+
+    with torch.no_grad(), hooks((attn.proj.register_forward_pre_hook, replace)):
+        logits = model(images.repeat(heads + 1, *[1] * (images.ndim - 1)))
+    return logits.float().view(heads + 1, batch, -1)
+
+
+def ablation_changes(
+    logits: torch.Tensor, targets: torch.Tensor, truth: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From `ablated_logits` (heads + 1, B, classes): each head's change (heads, B) in top-1
+    accuracy against `truth` and in the log-probability of `targets`, against the intact copy."""
+    correct = (logits.argmax(-1) == truth).float()
+    log_p = logits.log_softmax(-1).gather(-1, targets.expand(len(logits), -1)[..., None])[..., 0]
+    return correct[1:] - correct[0], log_p[1:] - log_p[0]
+
+
+# ---------------------------------------------------------------------------- logit lens and norms
+
+
+def lens_logits(model: ViT, residual: torch.Tensor) -> torch.Tensor:
+    """The residual stream after each block (L, B, N, D) read by the final norm and the head:
+    (L, B, classes). After the last block, the model's logits."""
+    with torch.no_grad():
+        return torch.stack([model.forward_head(model.norm(x)).float() for x in residual])
+
+
+def patch_lens_logits(model: ViT, residual: torch.Tensor) -> torch.Tensor:
+    """Each patch token after each block (L, B, N, D) read alone by the final norm and the head,
+    as a model that reads the patches' mean reads them together: (L, B, patches, classes)."""
+    with torch.no_grad():
+        patches = model.norm(residual)[..., model.num_prefix_tokens :, :]
+        return model.head(model.fc_norm(patches)).float()
+
+
+def token_kinds(model: ViT) -> list[str]:
+    """The kind of each prefix token, in order (the patches follow)."""
+    kinds = ["class token"] if model.cls_token is not None else []
+    kinds += ["distillation token"] if model.dist_token is not None else []
+    return kinds + ["registers"] * model.num_registers
+
+
+def norm_ratios(model: ViT, residual: torch.Tensor) -> torch.Tensor:
+    """Each token's norm after each block (L, B, N, D) over the median norm of its image's patch
+    tokens there: (L, B, N)."""
+    norms = residual.norm(dim=-1)
+    median = norms[..., model.num_prefix_tokens :].median(dim=-1, keepdim=True).values
+    return norms / median
+
+
+# ------------------------------------------------------------------------------------- it all
+
+
+def analyse(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    batch_size: int = 64,
+    norm_ratio: float = NORM_RATIO,
+    seed: int = 0,
+    progress: Callable | None = None,
+) -> dict:
+    """Ablation, direct logit attribution, logit lens and high-norm tokens of `model` on `images`
+    (N, C, H, W in [0, 1]; `labels` (N,) where known). `batch_size` bounds the images of one
+    forward pass, copies included (an ablation runs heads + 1 copies of each image). Returns
+    per-image tensors under "per_image" and JSON-ready figures (`interval`s, tables [layer][head])
+    for the rest; `progress(iterable)` wraps each loop over chunks (tqdm)."""
+    require(model.config.num_classes > 0, "the model has no head (num_classes 0): it predicts no class")
+    require(norm_ratio > 1, f"norm_ratio={norm_ratio} must be above 1: the median token's ratio is 1")
+    model.eval()
+    device = device_of(model)
+    layers, heads = len(model.blocks), model.config.heads
+    wrap = progress or (lambda chunks: chunks)
+
+    def keep(where: dict, key: str, value: torch.Tensor) -> None:
+        where.setdefault(key, []).append(value.cpu())
+
+    # the intact pass: attribution, lens, norms, and the heads' mean outputs for the ablation
+    found: dict[str, list] = {}
+    head_sums = 0
+    for x in wrap(images.split(batch_size)):
+        seen = record(model, x)
+        predicted = seen.logits.argmax(-1)
+        keep(found, "logits", seen.logits)
+        for name, values in attribution(model, seen, predicted).items():
+            keep(found, f"attribution/{name}", values)
+        keep(found, "lens", lens_logits(model, seen.residual).argmax(-1))
+        if model.pool == "mean":
+            keep(found, "patch_lens", patch_lens_logits(model, seen.residual).argmax(-1))
+        keep(found, "ratios", norm_ratios(model, seen.residual))
+        keep(found, "attention", seen.attention)
+        head_sums = head_sums + seen.heads.sum(dim=1)
+    image_axis = {"logits": 0, "lens": 1, "patch_lens": 1, "ratios": 1, "attention": 1}  # else the last
+    per_image = {k: torch.cat(v, dim=image_axis.get(k, -1)) for k, v in found.items()}
+    means = head_sums / len(images)  # (L, N, heads * d_head)
+    targets = per_image["logits"].argmax(-1)
+    truth = targets if labels is None else labels.cpu()
+
+    # the ablations: each layer's heads in one batch, beside an intact copy
+    chunk = max(1, batch_size // (heads + 1))
+    changes: dict[str, list] = {}
+    for start in wrap(range(0, len(images), chunk)):
+        x = images[start : start + chunk].to(device)
+        t, y = targets[start : start + chunk], truth[start : start + chunk]
+        for kind in ABLATIONS:
+            for layer in range(layers):
+                replacement = means[layer] if kind == "mean" else torch.zeros_like(means[layer])
+                logits = ablated_logits(model, x, layer, replacement).cpu()
+                accuracy, log_p = ablation_changes(logits, t, y)
+                keep(changes, f"{kind}/{layer}/accuracy", accuracy)
+                keep(changes, f"{kind}/{layer}/log_probability", log_p)
+    for kind in ABLATIONS:
+        for measure in ("accuracy", "log_probability"):
+            per_image[f"ablation/{kind}/{measure}"] = torch.stack([
+                torch.cat(changes[f"{kind}/{layer}/{measure}"], dim=-1) for layer in range(layers)
+            ])  # fmt: skip
+
+    def summary(values: torch.Tensor) -> dict:
+        return interval(values, seed=seed)
+
+    correct = (per_image["lens"] == truth).float()  # (L, N)
+    ratios = per_image["ratios"]  # (L, N images, tokens)
+    flagged = ratios > norm_ratio
+    prefix = model.num_prefix_tokens
+    norms_table = []
+    for layer in range(layers):
+        row = {
+            "max_patch_ratio": summary(ratios[layer, :, prefix:].amax(-1)),
+            "patches_flagged": summary(flagged[layer, :, prefix:].float().mean(-1)),
+        }
+        for kind in dict.fromkeys(token_kinds(model)):
+            columns = [i for i, k in enumerate(token_kinds(model)) if k == kind]
+            row[f"{kind}_ratio"] = summary(ratios[layer, :, columns].mean(-1))
+            row[f"{kind}_flagged"] = summary(flagged[layer, :, columns].float().mean(-1))
+        if layer + 1 < layers:  # the next block's attention to the flagged tokens, where there are any
+            any_flagged = flagged[layer].any(-1)
+            received = (per_image["attention"][layer + 1] * flagged[layer]).sum(-1)
+            row["attention_to_flagged"] = summary(received.masked_fill(~any_flagged, float("nan")))
+            share = flagged[layer].float().mean(-1)
+            row["token_share_flagged"] = summary(share.masked_fill(~any_flagged, float("nan")))
+        norms_table.append(row)
+
+    attributed = {k.split("/")[1]: v for k, v in per_image.items() if k.startswith("attribution/")}
+    results = {
+        "num_images": len(images),
+        "layers": layers,
+        "heads": heads,
+        "against": "labels" if labels is not None else "the intact prediction",
+        "protocol": PROTOCOL,
+        "accuracy": summary((targets == truth).float()),
+        "ablation": {
+            kind: {m: lh_interval(per_image[f"ablation/{kind}/{m}"]) for m in ("accuracy", "log_probability")}
+            for kind in ABLATIONS
+        },
+        "attribution": {
+            "heads": lh_interval(attributed["heads"]),
+            "attention_bias": [summary(v) for v in attributed["attention_bias"]],
+            "mlp": [summary(v) for v in attributed["mlp"]],
+            "embeddings": summary(attributed["embeddings"]),
+            "constant": summary(attributed["constant"]),
+            "logit": summary(attributed["logit"]),
+        },
+        "logit_lens": {"accuracy": [summary(v) for v in correct]},
+        "norms": {
+            "norm_ratio": norm_ratio,
+            "token_kinds": list(dict.fromkeys(token_kinds(model))),
+            "layers": norms_table,
+        },  # fmt: skip
+        "per_image": per_image,
+    }
+    if "patch_lens" in per_image:  # (L, N images, patches) -> accuracy per layer and patch
+        patch_correct = (per_image["patch_lens"] == truth[None, :, None]).float().mean(1)
+        results["logit_lens"]["patches"] = patch_correct.tolist()
+    return results
