@@ -258,3 +258,15 @@ def test_explore_page_benchmark_smoke(trained_checkpoint, chromium, tmp_path):
     megabytes = float(rows["vit_tiny_patch16_224"][4])  # 12 layers x 3 heads x 197 x 197 bytes, deflated
     assert 0 < megabytes < 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_ckpt.html", "vit_tiny_patch16_224.html"]
+
+
+def test_the_heads_benchmark_counts_the_passes_analyse_makes():
+    """One intact pass, then per layer its heads beside an intact copy, for each kind of ablation."""
+    from benchmarks.heads import needed, passes_per_image
+    from vit import ViT
+
+    model = ViT(preset="micro", image_size=16, patch_size=4, num_classes=3).eval()
+    layers, heads = len(model.blocks), model.config.heads
+    made = passes_per_image(model, torch.rand(5, 3, 16, 16), batch_size=64)
+    assert made == 1 + 2 * layers * (heads + 1)
+    assert needed(model) == 1 + 2 * layers * heads
