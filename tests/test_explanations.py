@@ -330,3 +330,27 @@ def test_the_last_randomisation_step_leaves_no_trained_parameter_of_the_head_or_
         for name, p in last.named_parameters():
             if name.startswith(("blocks.", "rel_pos.", "head", "fc_norm")):
                 assert not torch.equal(p, trained[name]), (options, name)
+
+
+def test_the_page_takes_the_heads_of_vit_attention_heads(trained_checkpoint, tmp_path, capsys):
+    """`vit-attention --html --heads heads.json` puts the mean-ablation grid on the page; without
+    --html, or with a file that is not a heads.json, it is one line and nothing is written."""
+    attention_main(["heads", "--ckpt", trained_checkpoint, "--num_images", "8", "--out", tmp_path / "heads"])
+    heads = tmp_path / "heads" / "heads.json"
+    page = tmp_path / "page.html"
+    attention_main(["--ckpt", trained_checkpoint, "--num_images", "2", "--html", page, "--heads", heads])
+    means = [
+        [cell["mean"] for cell in row]
+        for row in json.loads(heads.read_text())["ablation"]["mean"]["accuracy"]
+    ]
+    text = page.read_text()
+    assert '"head_effects":{"title":"mean ablation of each head' in text
+    assert f'"values":{json.dumps(means, separators=(",", ":"))}' in text
+    capsys.readouterr()
+    status, error = command_error(attention_main, ["--ckpt", trained_checkpoint, "--heads", heads], capsys)
+    assert status == 2 and "--heads goes with --html" in error
+    (tmp_path / "other.json").write_text("{}")
+    args = ["--ckpt", trained_checkpoint, "--html", tmp_path / "p2.html", "--heads", tmp_path / "other.json"]
+    status, error = command_error(attention_main, args, capsys)
+    assert status == 1 and "is not a heads.json of vit-attention heads" in error
+    assert not (tmp_path / "p2.html").exists()

@@ -396,3 +396,27 @@ def test_a_screenshot_for_the_readme(browser, command_page):
         click_patch(page, 2, 2)  # a circle's patch
         page.screenshot(path=SCREENSHOT)
     assert SCREENSHOT.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_heads_grid_is_shown_when_given_and_a_click_opens_a_head(browser, trained, tmp_path):
+    model = trained[0].model
+    images = trained[1].split("test")[:1][0]
+    layers, heads = len(model.blocks), model.config.heads
+    values = [[-0.1 * (layer + h) for h in range(heads)] for layer in range(layers)]
+    effects = {"title": "mean ablation", "values": values}
+    plain = explore(model, images, method="rollout").save(tmp_path / "plain.html")
+    with_heads = explore(model, images, method="rollout", head_effects=effects).save(tmp_path / "heads.html")
+    with opened(browser, plain) as page:
+        assert page.locator("#heads").is_hidden()
+    with opened(browser, with_heads) as page:
+        assert page.locator("#heads td").count() == layers * heads
+        assert page.locator("#heads-title").inner_text().startswith("mean ablation")
+        page.locator(f"#heads td[data-layer='{layers - 1}'][data-head='{heads - 1}']").click()
+        assert page.evaluate("document.body.dataset.view") == "attention"
+        large = page.locator("#large")
+        assert (large.get_attribute("data-layer"), large.get_attribute("data-head")) == (
+            str(layers - 1),
+            str(heads - 1),
+        )
+    with pytest.raises(UsageError, match="not of this model's"):
+        explore(model, images, head_effects={"title": "x", "values": values[:-1]})

@@ -144,6 +144,7 @@ def explore(
     top_k: int = 5,
     batch_size: int = 64,
     scores: dict | None = None,
+    head_effects: dict | None = None,
     title: str = "Where a ViT looks",
 ) -> Explorer:
     """The page for `images` (B, C, H, W) in [0, 1] as `model` sees them.
@@ -154,10 +155,18 @@ def explore(
     token (`pool: mean`) opens on the mean of the patch rows, what its head reads. `head_fusion` and
     `discard_ratio` are the rollout's (`attention_rollout`); the gradient-weighted rollout is
     computed for each image's `top_k` classes. `captions` label the images, `class_names` the
-    classes. `scores` (method -> {measure: value}) are shown as a table when given.
+    classes. `scores` (method -> {measure: value}) are shown as a table when given; `head_effects`
+    ({"title": ..., "values": [layer][head]}, such as a `vit-attention heads` ablation) as a
+    layers x heads grid whose heads open their attention when clicked.
     """
     if not isinstance(model, ViT):
         raise UsageError(f"explore takes a vit.ViT, not a {type(model).__name__}")
+    if head_effects is not None:
+        layers, per_layer, values = len(model.blocks), model.config.heads, head_effects["values"]
+        if len(values) != layers or any(len(row) != per_layer for row in values):
+            raise UsageError(
+                f"the heads' figures are not of this model's {layers} layers x {per_layer} heads"
+            )
     if images.ndim != 4 or len(images) == 0:
         raise UsageError(f"explore takes a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
     if method is None:  # the class token's attention, or (none) the head's input's
@@ -258,6 +267,7 @@ def explore(
         },
         "colormaps": colormap_tables(),
         "scores": scores,  # "Which map tells the truth?": per-method scores, when measured
+        "head_effects": head_effects,  # which heads the prediction uses, when measured
     }
     template = files("vit").joinpath("page.html").read_text(encoding="utf-8")
     # inside <script type="application/json">, "</" would end it and "<!--" change how it ends

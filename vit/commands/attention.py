@@ -103,6 +103,7 @@ def attention(
     threads: int | None = None,
     html: str | Path | None = None,
     scores: Path | None = None,
+    heads: Path | None = None,
 ) -> list[Path]:
     """Draw where a trained ViT looks, over image files or test images of its data set.
 
@@ -119,7 +120,8 @@ def attention(
     `html` writes one self-contained page instead (`vit.explore`: every layer, head, query and
     method, in a browser) to that file, or to `<out>/attention.html` when it is "" (a bare
     --html); the method, query patch, layer and head choose the view it opens on. `scores`: a
-    scores.json of `vit-attention score`, whose figures the page shows.
+    scores.json of `vit-attention score`, whose figures the page shows; `heads`: a heads.json of
+    `vit-attention heads`, whose mean-ablation grid the page shows (a click opens a head).
     """
     import torch
 
@@ -137,6 +139,8 @@ def attention(
     page = None if html is None else page_path(html, out, plots, target)
     if scores is not None:
         scores = read_scores(scores, page)
+    if heads is not None:
+        heads = read_heads(heads, page)
     check_counts(num_images, batch_size)
     if threads is not None:
         if threads < 1:
@@ -155,7 +159,7 @@ def attention(
             captions = [f"{c}, true {names[y]}" for c, y in zip(captions, labels.tolist(), strict=True)]
         options = dict(method=method, query_patch=query_patch, layer=layer, head=head)
         rollout = dict(head_fusion=head_fusion, discard_ratio=discard_ratio)
-        options["scores"] = scores
+        options.update(scores=scores, head_effects=heads)
         return [write_page(page, model, batch, captions, names, options, rollout, batch_size, started)]
 
     found = explain(
@@ -230,6 +234,22 @@ def read_scores(path: str | Path, page: Path | None) -> dict:
         raise FileNotFoundError(f"--scores: file not found: {path}") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--scores {path} is not a scores.json of vit-attention score ({e})") from None
+
+
+def read_heads(path: str | Path, page: Path | None) -> dict:
+    """The mean-ablation grid of a heads.json written by `vit-attention heads`, for the page."""
+    import json
+
+    if page is None:
+        raise UsageError("--heads goes with --html: the page shows them")
+    try:
+        cells = json.loads(Path(path).read_text())["ablation"]["mean"]["accuracy"]
+        values = [[float(cell["mean"]) for cell in row] for row in cells]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--heads: file not found: {path}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--heads {path} is not a heads.json of vit-attention heads ({e})") from None
+    return {"title": "mean ablation of each head: change in top-1 accuracy", "values": values}
 
 
 def write_page(
@@ -365,6 +385,12 @@ def parser() -> Parser:
         metavar="PATH",
         help="write one self-contained page instead of PNG files, to explore every layer, head, query "
         "patch and method in a browser: PATH, or <out>/attention.html for a bare --html",
+    )
+    add(
+        "--heads",
+        default=None,
+        metavar="FILE",
+        help="with --html: a heads.json of vit-attention heads, whose ablation grid the page shows",
     )
     add(
         "--scores",
