@@ -33,7 +33,7 @@ def parse(words: list[str]) -> None:
     """Parse a command line as its command would, without running it: SystemExit(2) on an unknown
     option or a bad value. vit-train parses with --print_config (its LightningCLI then prints the
     resolved config and stops)."""
-    from vit.commands import attention, eval, export, heads, score, train
+    from vit.commands import attention, eval, export, heads, patch, score, train
 
     command, args = words[0], words[1:]
     if command == "vit-train":
@@ -45,7 +45,7 @@ def parse(words: list[str]) -> None:
             else eval.evaluate_parser().parse_args(args)
         )
     elif command == "vit-attention":
-        subcommands = {"score": score.parser, "heads": heads.parser}
+        subcommands = {"score": score.parser, "heads": heads.parser, "patch": patch.parser}
         if args[:1] and args[0] in subcommands:
             subcommands[args[0]]().parse_args(args[1:])
         else:

@@ -560,3 +560,26 @@ def token_norms_figure(results: dict) -> Figure:
     ax.set_title("token norms (mean over images)", fontsize=9)
     ax.legend(fontsize=7)
     return fig
+
+
+# ----------------------------------------------------------------- activation patching (vit.patching)
+
+
+def patching_figure(results: dict) -> Figure:
+    """The share of the logit difference each head's output restores when patched alone, per
+    layer (rows) and head (columns)."""
+    fig = Figure(figsize=(0.5 * results["heads"] + 3.2, 0.4 * results["layers"] + 1.6), layout="constrained")
+    ax = fig.subplots()
+    shown = _layers_heads_map(ax, _means(results["restored"]["heads"]), "activation patching: heads")
+    fig.colorbar(shown, ax=ax, shrink=0.8, label="share restored (1: all)")
+    return fig
+
+
+def patching_tokens_figure(image: torch.Tensor, results: dict) -> Figure:
+    """Per layer, the share each patch token of the residual stream restores (mean over pairs)
+    over `image` (C, H, W), each layer's map scaled on its own."""
+    means = _means(results["restored"]["tokens"])[:, results["prefix_tokens"] :]
+    maps = torch.from_numpy(np.nan_to_num(means)).view(len(means), *results["grid"])
+    titles = [f"after block {layer}" for layer in range(len(means))]
+    title = "activation patching: patch tokens (each layer scaled to its own range)"
+    return batch_figure(image.expand(len(means), *image.shape), maps, titles, title, columns=6)

@@ -8,6 +8,7 @@ module only generates the images."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -71,6 +72,31 @@ def make_two_circles(
     (0 to that many per image, uniform, independent of the label) add clutter. `midpoints` is
     "all", or "outside"/"inside" the held-out square [0, size/4)^2 of midpoints.
     """
+    labels, centres, clutter, grain = draw_two_circles(
+        n, image_size, radius, separation, angle_jitter, noise, num_classes, max_distractors, midpoints,
+        wrap, separation_metric, generator,
+    )  # fmt: skip
+    return render(centres, clutter, grain, radius, wrap), labels, centres
+
+
+def draw_two_circles(
+    n: int,
+    image_size: int = 32,
+    radius: float = 2.5,
+    separation: tuple[float, float] = (7.0, 11.0),
+    angle_jitter: float = 10.0,
+    noise: float = 0.05,
+    num_classes: int = 4,
+    max_distractors: int = 0,
+    midpoints: str = "all",
+    wrap: bool = True,
+    separation_metric: Literal["euclidean", "chebyshev"] = "euclidean",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What `make_two_circles` draws from its generator, before it renders the images: labels (n,),
+    circle centres (n, 2, 2), the distractors' ink (n, 1, H, W) and the noise (n, 1, H, W). The
+    same generator state gives the same draws, so an image can be rendered again with its circles
+    moved and everything else as it was (`TwoCircles.counterfactuals`)."""
     g = generator
     size = float(image_size)
     labels = torch.randint(0, num_classes, (n,), generator=g)
@@ -99,9 +125,7 @@ def make_two_circles(
     centres = torch.remainder(torch.stack((mid - offset / 2, mid + offset / 2), dim=1), size)
 
     period = size if wrap else None
-    dx, dy = pixel_offsets(centres, image_size, period)  # (n, 2, 1, W), (n, 2, H, 1)
-    # Coverage of each pixel by a circle, linear over one pixel at the edge (anti-aliasing).
-    ink = (radius + 0.5 - (dx**2 + dy**2).sqrt()).clamp(0, 1).amax(dim=1, keepdim=True)
+    clutter = torch.zeros(n, 1, image_size, image_size)
     if max_distractors:
         count = torch.randint(0, max_distractors + 1, (n, 1), generator=g)
         where = torch.rand(n, max_distractors, 2, generator=g) * size
@@ -109,9 +133,20 @@ def make_two_circles(
         box = torch.maximum(dx.abs(), dy.abs())  # Chebyshev distance: squares
         outline = (radius + 0.5 - box).clamp(0, 1) - (radius - 0.5 - box).clamp(0, 1)
         active = (torch.arange(max_distractors) < count)[..., None, None]  # (n, k, 1, 1)
-        ink = torch.maximum(ink, (outline * active).amax(dim=1, keepdim=True))
-    images = (ink + noise * torch.randn(ink.shape, generator=g)).clamp(0, 1)
-    return images, labels, centres
+        clutter = (outline * active).amax(dim=1, keepdim=True)
+    return labels, centres, clutter, noise * torch.randn(clutter.shape, generator=g)
+
+
+def render(
+    centres: torch.Tensor, clutter: torch.Tensor, grain: torch.Tensor, radius: float, wrap: bool = True
+) -> torch.Tensor:
+    """Images (n, 1, H, W) in [0, 1]: the two circles at `centres` (n, 2, 2), anti-aliased (each
+    pixel's coverage linear over one pixel at the edge), over the distractors' ink `clutter`,
+    plus the noise `grain`, clipped."""
+    image_size = clutter.shape[-1]
+    dx, dy = pixel_offsets(centres, image_size, float(image_size) if wrap else None)
+    ink = (radius + 0.5 - (dx**2 + dy**2).sqrt()).clamp(0, 1).amax(dim=1, keepdim=True)
+    return (torch.maximum(ink, clutter) + grain).clamp(0, 1)
 
 
 class TwoCircles(InMemoryDataModule):
@@ -180,6 +215,7 @@ class TwoCircles(InMemoryDataModule):
         self.preparation = self.preparation_for(self.hparams)
         self.classes = self.preparation.classes
         self.centres: dict[str, torch.Tensor] = {}  # (n, 2, 2) circle centres, for analysis
+        self.moved: dict[str, tuple] = {}  # the counterfactuals of a split: images, labels, centres
 
     @classmethod
     def preparation_for(cls, hparams: dict) -> Preparation:
@@ -194,23 +230,56 @@ class TwoCircles(InMemoryDataModule):
         iid one); `circle_centres(name)` gives the circles' centres of the same split."""
         name = self._own_name(name)
         if name not in self.splits:
-            hp = self.hparams
-            require(name in SPLITS, f"no split {name!r}; choose one of train, val, test, iid, far, held_out")
-            index = SPLITS.index(name)
-            g = torch.Generator().manual_seed(hp.seed * 5 + index)
-            n = {"train": hp.num_train, "val": hp.num_val}.get(name, hp.num_test)
-            midpoints = "all"
-            if hp.holdout_midpoints:
-                midpoints = "inside" if name == "held_out" else "outside"
-            images, labels, centres = make_two_circles(
-                n, hp.image_size, hp.radius,
-                hp.far_separation if name == "far" else hp.separation,
-                hp.angle_jitter, hp.noise, hp.num_classes, hp.max_distractors, midpoints, hp.wrap,
-                hp.separation_metric, generator=g,
-            )  # fmt: skip
-            self.splits[name] = InMemory(images, labels)
+            labels, centres, clutter, grain = self._draws(name)
+            self.splits[name] = InMemory(
+                render(centres, clutter, grain, self.hparams.radius, self.hparams.wrap), labels
+            )
             self.centres[name] = centres
         return self.splits[name]
+
+    def _draws(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`draw_two_circles` for the split of its own name `name`, from that split's generator."""
+        hp = self.hparams
+        require(name in SPLITS, f"no split {name!r}; choose one of train, val, test, iid, far, held_out")
+        g = torch.Generator().manual_seed(hp.seed * 5 + SPLITS.index(name))
+        n = {"train": hp.num_train, "val": hp.num_val}.get(name, hp.num_test)
+        midpoints = "all"
+        if hp.holdout_midpoints:
+            midpoints = "inside" if name == "held_out" else "outside"
+        return draw_two_circles(
+            n, hp.image_size, hp.radius, hp.far_separation if name == "far" else hp.separation,
+            hp.angle_jitter, hp.noise, hp.num_classes, hp.max_distractors, midpoints, hp.wrap,
+            hp.separation_metric, generator=g,
+        )  # fmt: skip
+
+    def counterfactuals(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each image of `split(name)`, the same image with one circle moved so that the class
+        changes: (images, labels) in the order of the split. The moved circle turns about the other
+        by 180 / num_classes degrees (to the next orientation: the separation and the angle's
+        jitter kept, the separation as `separation_metric` measures it); the other circle, the
+        distractors and the noise stay exactly as they were. On a canvas without wrap-around, the
+        first of (the second circle, +turn), (the first, +turn), (the second, -turn), (the first,
+        -turn) that stays inside the image (the one that leaves it least if none does).
+        `counterfactual_centres(name)` gives the circles' centres."""
+        name = self._own_name(name)
+        hp = self.hparams
+        if name not in self.moved:
+            labels, centres, clutter, grain = self._draws(name)
+            moved, new_labels = turned_circles(centres, labels, hp.num_classes, hp.image_size, hp.radius,
+                                               hp.wrap, hp.separation_metric)  # fmt: skip
+            self.moved[name] = (render(moved, clutter, grain, hp.radius, hp.wrap), new_labels, moved)
+        images, labels, _ = self.moved[name]
+        return images, labels
+
+    def counterfactual_centres(self, name: str) -> torch.Tensor:
+        """The circle centres (n, 2, 2) of `counterfactuals(name)`'s images."""
+        self.counterfactuals(name)
+        return self.moved[self._own_name(name)][2]
+
+    def counterfactual_evidence(self, name: str) -> torch.Tensor:
+        """The pixels the two circles ink in `counterfactuals(name)`'s images: (N, H, W) bool."""
+        hp = self.hparams
+        return circle_pixels(self.counterfactual_centres(name), hp.image_size, hp.radius, hp.wrap).any(dim=1)
 
     def _own_name(self, name: str) -> str:
         return {"test": self.test_name, "iid": "test"}.get(name, name)
@@ -229,6 +298,45 @@ class TwoCircles(InMemoryDataModule):
     @property
     def test_name(self) -> str:
         return "test" if self.hparams.test_split == "iid" else self.hparams.test_split
+
+
+def turned_circles(
+    centres: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    image_size: int,
+    radius: float,
+    wrap: bool = True,
+    separation_metric: str = "euclidean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Circle centres (n, 2, 2) with one circle turned about the other by 180 / num_classes
+    degrees, so that the line joining them has the next (or previous) class's orientation, and
+    those labels (`TwoCircles.counterfactuals` says which circle turns)."""
+    size = float(image_size)
+    period = size if wrap else None
+    turn = math.pi / num_classes
+    candidates = []
+    for sign in (1, -1):
+        for moving in (1, 0):
+            fixed = centres[:, 1 - moving]
+            offset = torus_delta(fixed, centres[:, moving], period)  # (n, 2) x, y; y down
+            length = offset.norm(dim=-1)
+            angle = torch.atan2(-offset[:, 1], offset[:, 0]) + sign * turn  # y up, as the classes are
+            if separation_metric == "chebyshev":  # the same Chebyshev separation at the new angle
+                length = offset.abs().amax(-1) / torch.maximum(angle.cos().abs(), angle.sin().abs())
+            new = fixed + length[:, None] * torch.stack((angle.cos(), -angle.sin()), dim=-1)
+            moved = centres.clone()
+            moved[:, moving] = torch.remainder(new, size) if wrap else new
+            outside = (radius + 0.5 - moved).clamp_min(0) + (moved - size + radius + 0.5).clamp_min(0)
+            # turning either circle about the other turns the line between them the same way
+            candidates.append((moved, (labels + sign) % num_classes, outside.sum((1, 2))))
+    if wrap:
+        return candidates[0][:2]
+    overshoot = torch.stack([c[2] for c in candidates])  # (4, n)
+    best = overshoot.argmin(0)  # the first that stays inside (overshoot 0), or the least outside
+    moved = torch.stack([c[0] for c in candidates])[best, torch.arange(len(labels))]
+    new_labels = torch.stack([c[1] for c in candidates])[best, torch.arange(len(labels))]
+    return moved, new_labels
 
 
 def circle_pixels(centres: torch.Tensor, image_size: int, radius: float, wrap: bool = True) -> torch.Tensor:

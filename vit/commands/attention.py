@@ -315,7 +315,8 @@ def parser() -> Parser:
         ),
         epilog="To score every method's maps (deletion, insertion, evidence, sanity checks): "
         "vit-attention score --help. Which heads the prediction uses (ablation, logit attribution, "
-        "logit lens, high-norm tokens): vit-attention heads --help",
+        "logit lens, high-norm tokens): vit-attention heads --help. Which heads and tokens carry "
+        "the class (activation patching): vit-attention patch --help",
     )
     add = parser.add_argument
     add_source_arguments(parser)
@@ -411,6 +412,10 @@ def main(args: list[str] | None = None) -> None:
         from vit.commands.heads import main as heads
 
         return heads(args[1:])
+    if args[:1] == ["patch"]:  # vit-attention patch: which activations carry what decides the class
+        from vit.commands.patch import main as patch
+
+        return patch(args[1:])
     options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
     data = options.pop("data")
     run_command(lambda: attention(**options, data=parse_data_options(data)))

@@ -1,0 +1,136 @@
+"""Activation patching: `vit.patching`, the two-circles counterfactuals it pairs images with, and
+`vit-attention patch`. The causal claims are checked on a model set by hand, whose one working
+head is known (`test_heads.one_head_model`)."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from helpers import command_error
+from PIL import Image
+from test_heads import one_head_model
+
+from vit.commands import patch as patch_command
+from vit.commands.attention import main as attention_main
+from vit.patching import MIN_GAP, activations, analyse, logit_difference, patched_logits, restored
+from vit.two_circles import TwoCircles, circle_pixels
+
+
+def test_the_command_names_the_library_default():
+    assert patch_command.MIN_GAP == MIN_GAP
+
+
+@pytest.mark.parametrize("options", [{}, {"wrap": False}, {"num_classes": 2, "max_distractors": 2}])
+def test_a_counterfactual_moves_one_circle_changes_the_class_and_nothing_else(options):
+    data = TwoCircles(num_test=64, **options)
+    images, labels = data.split("test")[:]
+    moved, new_labels = data.counterfactuals("test")
+    assert moved.shape == images.shape and (new_labels != labels).all()
+    before, after = data.circle_centres("test"), data.counterfactual_centres("test")
+    kept = (before == after).all(-1)  # (n, 2): which circle stayed where it was
+    assert (kept.sum(1) == 1).all()
+    radius, wrap = data.hparams.radius, data.hparams.wrap
+    old, new = circle_pixels(before, 32, radius, wrap), circle_pixels(after, 32, radius, wrap)
+    untouched = ~(old | new)[~kept].view(len(images), 32, 32)  # outside the moved circle, then and now
+    assert torch.equal(moved[:, 0][untouched], images[:, 0][untouched])  # noise and distractors included
+    assert (moved != images).any((1, 2, 3)).all()
+    # the evidence moves with the circle: where the counterfactual's circles ink, and only there
+    evidence = data.counterfactual_evidence("test")
+    assert torch.equal(evidence, new.any(1)) and not torch.equal(evidence, data.evidence("test"))
+    assert torch.equal(evidence | data.evidence("test"), (old | new).any(1))
+
+
+def counterfactual_pairs(data, n=8):
+    images, labels = data.splits["test"].images[:n], data.splits["test"].labels[:n]
+    moved, new_labels = data.counterfactuals("test")
+    return images, moved[:n], (labels, new_labels[:n])
+
+
+def test_patching_every_token_of_the_last_block_restores_all_and_patching_nothing_none(trained):
+    classifier, data = trained
+    model = classifier.model
+    clean, corrupted, (a, b) = counterfactual_pairs(data)
+    clean_logits, _, residual = activations(model, clean)
+    corrupted_logits = activations(model, corrupted)[0]
+    high, low = logit_difference(clean_logits, a, b), logit_difference(corrupted_logits, a, b)
+    tokens = residual.shape[2]
+    which = torch.stack([torch.ones(tokens, dtype=torch.bool), torch.zeros(tokens, dtype=torch.bool)])
+    patched = logit_difference(patched_logits(model, corrupted, 1, "tokens", residual[-1], which), a, b)
+    shares = restored(patched, high, low, min_gap=1e-3)
+    kept = ~shares[0].isnan()
+    assert kept.sum() >= 4
+    torch.testing.assert_close(shares[0][kept], torch.ones(int(kept.sum())), atol=1e-5, rtol=0)
+    torch.testing.assert_close(shares[1][kept], torch.zeros(int(kept.sum())), atol=1e-5, rtol=0)
+
+
+def test_the_one_working_head_restores_all_and_every_other_head_none():
+    model = one_head_model(head=1)
+    bright, dark = torch.ones(4, 1, 8, 8), torch.zeros(4, 1, 8, 8)
+    results = analyse(model, bright, dark, batch_size=10)  # 2 pairs of 5 copies at once
+    heads = results["per_pair"]["heads"]  # (layers, heads, pairs)
+    assert results["pairs_kept"] == 4
+    torch.testing.assert_close(heads[0, 1], torch.ones(4), atol=1e-6, rtol=0)
+    assert (heads[[0, 1, 1], [0, 0, 1]] == 0).all()
+    assert results["restored"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
+    tokens = results["per_pair"]["tokens"]  # the class token carries it all, the patches nothing
+    torch.testing.assert_close(tokens[:, 0], torch.ones(2, 4), atol=1e-6, rtol=0)
+    assert (tokens[:, 1:] == 0).all()
+
+
+def test_a_head_whose_output_projection_is_zero_restores_nothing(trained):
+    classifier, data = trained
+    model = copy.deepcopy(classifier.model)
+    d_head = model.config.dim // model.config.heads
+    with torch.no_grad():
+        model.blocks[0].attn.proj.weight[:, d_head : 2 * d_head] = 0  # block 0, head 1 writes nothing
+    clean, corrupted, classes = counterfactual_pairs(data)
+    heads = analyse(model, clean, corrupted, classes, batch_size=64, min_gap=1e-3)["per_pair"]["heads"]
+    kept = ~heads[0, 1].isnan()
+    assert kept.sum() >= 4
+    torch.testing.assert_close(heads[0, 1][kept], torch.zeros(int(kept.sum())), atol=1e-5, rtol=0)
+    assert (heads[0, 0][kept].abs() > 1e-3).any()  # the other head does restore something
+
+
+def test_vit_attention_patch_prints_the_tables_and_writes_the_figures(trained_checkpoint, tmp_path, capsys):
+    out = tmp_path / "patch"
+    attention_main(["patch", "--ckpt", trained_checkpoint, "--num_images", "6", "--batch_size", "34",
+                    "--min_gap", "0.001", "--out", out])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "on 6 test images of TwoCircles and their counterfactuals" in printed
+    assert "restored by each head's output" in printed and "class token" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["patch.json", "patch_heads.png", "patch_tokens.png"]
+    results = json.loads((out / "patch.json").read_text())
+    assert results["num_pairs"] == 6 and results["classes"] == "the labels of each pair"
+    assert results["pairs_kept"] >= 3 and results["min_gap"] == 0.001
+    assert math.isfinite(results["restored"]["heads"][0][0]["mean"])
+    assert len(results["restored"]["heads"]) == 2 and len(results["restored"]["tokens"][1]) == 17
+    assert results["settings"]["source"] == str(trained_checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "message"),
+    [
+        (["--num_images", "0"], 2, "num_images=0 and batch_size=64 must be at least 1"),
+        (["--pairs", "{tmp}/missing.csv"], 1, "--pairs: file not found"),
+        (["--pairs", "{tmp}/short.csv"], 1, "line 2: 1 fields, expected clean,corrupted"),
+        (["--pairs", "{tmp}/gone.csv"], 1, "image not found"),
+        (["--images", "{tmp}/a.png", "--corrupt", "counterfactual"], 2, "have no counterfactuals"),
+        (["--corrupt", "random:0"], 2, "--corrupt 'random:0'"),
+        (["--min_gap", "0"], 2, "--min_gap 0 must be above 0"),
+        (["--pairs", "{tmp}/pairs.csv", "--corrupt", "random:2"], 2, "not with --corrupt"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    trained_checkpoint, tmp_path, capsys, options, status, message
+):
+    Image.new("L", (32, 32)).save(tmp_path / "a.png")
+    (tmp_path / "pairs.csv").write_text("clean,corrupted\na.png,a.png\n")
+    (tmp_path / "short.csv").write_text("a.png,a.png\na.png\n")
+    (tmp_path / "gone.csv").write_text("a.png,b.png\n")
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    args = ["patch", "--ckpt", trained_checkpoint, "--out", tmp_path / "out", *options]
+    found, error = command_error(attention_main, args, capsys)
+    assert found == status and message in error, error
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,277 @@
+"""`vit-attention patch`: which activations carry what decides the class? Activation patching
+(`vit.patching`): pairs of images that differ in it, the corrupted one run with one head's output
+or one token of the residual stream copied from the clean one's run.
+
+    vit-attention patch --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/patch
+    vit-attention patch --ckpt best.ckpt --corrupt random:4 --num_images 32
+    vit-attention patch --model timm:deit_tiny_patch16_224 --weights deit.safetensors --pairs pairs.csv
+
+The pairs: by default the data module's counterfactuals where it has them (two circles: one
+circle moved so that the class changes, everything else identical), else each image with a
+quarter of its patches, at random, replaced by the images' mean colour (`--corrupt random:K`: K
+of them; `--corrupt evidence`: the evidence patches, where the data knows them); or the pairs of
+image files a CSV lists (`--pairs`: clean,corrupted a line). Loads as `vit-attention` does
+(`vit.commands.inputs`); prints the tables; with `--out`, writes patch.json (protocol, settings,
+figures) and the figures. Bad input is one line `error: ...` (exit 2 or 1), checked before
+anything is computed or written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+from vit.commands.base import (
+    Parser,
+    add_data_argument,
+    add_device_argument,
+    add_images_argument,
+    add_source_arguments,
+    check_out_folder,
+    run_command,
+)
+from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
+from vit.errors import UsageError
+
+CORRUPTIONS = ("counterfactual", "evidence", "random:K")
+MIN_GAP = 0.1  # vit.patching.MIN_GAP, here so that --help needs no torch (a test checks them)
+
+
+def parse_corrupt(corrupt: str | None) -> tuple[str | None, int | None]:
+    """--corrupt counterfactual, evidence, random (a quarter of the patches) or random:K -> (kind, K)."""
+    if corrupt is None or corrupt in ("counterfactual", "evidence"):
+        return corrupt, None
+    kind, colon, count = corrupt.partition(":")
+    if kind == "random" and not colon:
+        return "random", None
+    if kind == "random" and count.isdigit() and int(count) >= 1:
+        return "random", int(count)
+    raise UsageError(f"--corrupt {corrupt!r}: choose one of {', '.join(CORRUPTIONS)} (K at least 1)")
+
+
+def read_pairs(path: str | Path) -> list[tuple[Path, Path]]:
+    """The (clean, corrupted) image files a CSV lists, one pair a line (a first line
+    clean,corrupted is a header); relative paths are read from the CSV's folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--pairs: file not found: {path}")
+    pairs = []
+    with path.open(newline="") as file:
+        for line, row in enumerate(csv.reader(file), start=1):
+            fields = [field.strip() for field in row]
+            if not any(fields) or (line == 1 and fields == ["clean", "corrupted"]):
+                continue
+            if len(fields) != 2 or not all(fields):
+                raise ValueError(
+                    f"--pairs {path}, line {line}: {len(fields)} fields, expected clean,corrupted"
+                )
+            files = tuple(path.parent / field for field in fields)
+            for file_path in files:
+                if not file_path.is_file():
+                    raise FileNotFoundError(f"--pairs {path}, line {line}: image not found: {file_path}")
+            pairs.append(files)
+    if not pairs:
+        raise ValueError(f"--pairs {path} lists no pairs (clean,corrupted a line)")
+    return pairs
+
+
+def table(results: dict, top: int = 3) -> str:
+    """The figures of `vit.patching.analyse` as text tables: heads by layer, and per layer the
+    tokens that restore the most."""
+    from vit.faithfulness import as_text as cell
+
+    heads, tokens = results["restored"]["heads"], results["restored"]["tokens"]
+    lines = [
+        "",
+        "share of the logit difference restored by each head's output patched alone (mean [95% interval])",
+        "layer".ljust(7) + "".join(f"head {h}".ljust(24) for h in range(results["heads"])),
+    ]
+    for layer, row in enumerate(heads):
+        lines.append(f"{layer}".ljust(7) + "".join(cell(c).ljust(24) for c in row))
+    lines += ["", f"the {top} tokens of the residual stream after each block that restore the most"]
+    lines.append("after block".ljust(13) + "token".ljust(18) + "restored")
+    for layer, row in enumerate(tokens):
+        means = [-math.inf if math.isnan(c["mean"]) else c["mean"] for c in row]  # NaN: no pair kept
+        order = sorted(range(len(row)), key=lambda t: -means[t])
+        for rank, token in enumerate(order[:top]):
+            name = results["token_names"][token]
+            lines.append((f"{layer}" if rank == 0 else "").ljust(13) + name.ljust(18) + cell(row[token]))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def patch(
+    *,
+    ckpt: Path | None = None,
+    model: str | None = None,
+    weights: Path | None = None,
+    datamodule_class: str | None = None,
+    data: dict | None = None,
+    images: list[Path] | None = None,
+    pairs: Path | None = None,
+    corrupt: str | None = None,
+    num_images: int = 64,
+    min_gap: float = MIN_GAP,
+    out: Path | None = None,
+    batch_size: int = 64,
+    device: str = "auto",
+    seed: int = 0,
+) -> dict:
+    """Patch every head and every residual-stream token of a checkpoint's ViT (or a `--model`'s)
+    from clean into corrupted images, print the tables and, with `out`, write patch.json and the
+    figures. Returns the results (`vit.patching.analyse`)."""
+    import torch
+
+    from vit.checkpoint import check_source
+    from vit.plot import patching_figure, patching_tokens_figure, save_all
+
+    started = time.perf_counter()
+    check_source(ckpt, model, weights, datamodule_class)
+    check_counts(num_images, batch_size)
+    kind, count = parse_corrupt(corrupt)
+    if not min_gap > 0:
+        raise UsageError(f"--min_gap {min_gap:g} must be above 0: the share divides by the gap")
+    listed = None
+    if pairs is not None:
+        if corrupt is not None or images or data:
+            raise UsageError("--pairs lists both images of each pair: not with --corrupt, --images or --data")
+        listed = read_pairs(pairs)[:num_images]
+    else:
+        check_images(model, images, data)
+        what_for = {"counterfactual": "counterfactuals", "evidence": "evidence"}
+        if images and kind in what_for:
+            raise UsageError(f"--corrupt {kind}: image files given with --images have no {what_for[kind]}; "
+                             "use --corrupt random:K or --pairs")  # fmt: skip
+    check_out_folder(out)
+    device = torch_device(device)
+
+    from vit.faithfulness import patch_evidence
+    from vit.patching import analyse, random_patches, replace_patches
+
+    classes = None
+    if listed is not None:
+        from vit.checkpoint import load_network
+        from vit.model import ViT
+        from vit.preparation import read_images
+
+        network, preparation = load_network(ckpt, model, weights, datamodule_class)
+        if not isinstance(network, ViT):
+            raise ValueError(f"{ckpt} holds a {type(network).__name__}, not a ViT: it has no heads")
+        clean = read_images([c for c, _ in listed], preparation)
+        corrupted = read_images([c for _, c in listed], preparation)
+        what = f"{len(clean)} pairs of image files from {pairs}"
+    else:
+        inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
+        network, clean, datamodule = inputs.model, inputs.images, inputs.datamodule
+        has_counterfactuals = datamodule is not None and hasattr(datamodule, "counterfactuals")
+        kind = kind or ("counterfactual" if has_counterfactuals else "random")
+        source = "image files" if datamodule is None else f"test images of {type(datamodule).__name__}"
+        if kind == "counterfactual":
+            if not has_counterfactuals:
+                name = type(datamodule).__name__
+                raise UsageError(f"--corrupt counterfactual: {name} makes no counterfactuals; use "
+                                 "--corrupt random:K or evidence, or --pairs")  # fmt: skip
+            moved, labels = datamodule.counterfactuals("test")
+            corrupted, classes = moved[inputs.indices], (inputs.labels, labels[inputs.indices])
+            what = f"{len(clean)} {source} and their counterfactuals"
+        else:
+            patches = network.grid_size[0] * network.grid_size[1]
+            if kind == "evidence":
+                pixels = datamodule.evidence("test")
+                if pixels is None:
+                    raise UsageError(f"--corrupt evidence: {type(datamodule).__name__} does not know which "
+                                     "pixels carry its labels; use --corrupt random:K")  # fmt: skip
+                removed = patch_evidence(network, pixels[inputs.indices])
+                what = f"{len(clean)} {source}, their evidence patches"
+            else:
+                count = count or max(1, patches // 4)
+                if count > patches:
+                    raise UsageError(f"--corrupt random:{count}: the model's images have {patches} patches")
+                removed = random_patches(len(clean), patches, count, torch.Generator().manual_seed(seed))
+                what = f"{len(clean)} {source}, {count} of {patches} patches at random"
+            what += " replaced by the mean colour"
+            corrupted = replace_patches(network, clean, removed, clean.mean(dim=(0, 2, 3)))
+    network.to(device)
+
+    from tqdm import tqdm
+
+    def progress(chunks):
+        return tqdm(chunks, desc="patching", unit="batch")
+
+    results = analyse(network, clean, corrupted, classes, batch_size, min_gap, seed, progress)
+    results.pop("per_pair")
+    seconds = time.perf_counter() - started
+    results["pairs"] = what
+    results["classes"] = "the labels of each pair" if classes is not None else "the predicted classes"
+    results["settings"] = {
+        "source": str(ckpt or model),
+        "batch_size": batch_size,
+        "seed": seed,
+        "device": device,
+        "seconds": round(seconds, 2),
+        "torch": torch.__version__,
+    }
+    print(f"patched {results['layers']} layers x {results['heads']} heads and {results['tokens']} tokens "
+          f"on {what} in {seconds:.1f} s")  # fmt: skip
+    kept, total = results["pairs_kept"], results["num_pairs"]
+    print(f"{kept} of {total} pairs kept (the others' clean and corrupted logit differences lie within "
+          f"{results['min_gap']:g}); logit difference ({results['classes']}): clean "
+          f"{results['logit_difference']['clean']['mean']:.3f}, "
+          f"corrupted {results['logit_difference']['corrupted']['mean']:.3f}")  # fmt: skip
+    if kept == 0:
+        print("no pair kept: every share is undefined (nan); more pairs, or a smaller --min_gap")
+    print(table(results))
+    if out is not None:
+        files = {"patch.json": json.dumps(results, indent=1)}
+        files["patch_heads.png"] = patching_figure(results)
+        files["patch_tokens.png"] = patching_tokens_figure(clean[0], results)
+        written = save_all(Path(out), files)
+        print(f"wrote {', '.join(p.name for p in written)} into {out}")
+    return results
+
+
+def parser() -> Parser:
+    parser = Parser(
+        prog="vit-attention patch",
+        description=(
+            "Activation patching: which heads and tokens carry what decides the class? Pairs of "
+            "images that differ in it (clean, corrupted); the corrupted image run with one head's "
+            "output, or one token of the residual stream after a block, copied from the clean "
+            "image's run: the share of the clean-minus-corrupted logit difference it restores "
+            "(0 none, 1 all), with a 95% bootstrap interval over pairs."
+        ),
+    )
+    add = parser.add_argument
+    add_source_arguments(parser)
+    add_data_argument(parser)
+    add_images_argument(parser)
+    add("--pairs", default=None, metavar="CSV",
+        help="pairs of image files, clean,corrupted a line (paths relative to the CSV's folder), "
+        "read as --images are; instead of --corrupt")  # fmt: skip
+    add("--corrupt", default=None, metavar="HOW",
+        help="counterfactual (the data module's: two circles), evidence (the evidence patches "
+        "replaced by the mean colour) or random:K (K random patches replaced); default: the "
+        "counterfactuals where the data module has them, else random, a quarter of the patches")  # fmt: skip
+    add("--num_images", type=int, default=64, metavar="N",
+        help="how many pairs (test images, spread over the test split)")  # fmt: skip
+    add("--min_gap", type=float, default=MIN_GAP, metavar="LOGITS",
+        help="pairs whose clean and corrupted logit differences lie closer are left out")  # fmt: skip
+    add(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder for patch.json and the figures; default: print only",
+    )
+    add("--batch_size", type=int, default=64, metavar="N",
+        help="images per forward pass, copies included (a copy of each image per token)")  # fmt: skip
+    add_device_argument(parser)
+    add("--seed", type=int, default=0, help="the random patches and the bootstrap's resampling")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
+    data = options.pop("data")
+    run_command(lambda: patch(**options, data=parse_data_options(data)))
