@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at a tiny size and report what they say."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +271,13 @@ def test_the_heads_benchmark_counts_the_passes_analyse_makes():
     made = passes_per_image(model, torch.rand(5, 3, 16, 16), batch_size=64)
     assert made == 1 + 2 * layers * (heads + 1)
     assert needed(model) == 1 + 2 * layers * heads
+
+
+def test_patching_split_by_evidence_prints_each_share(trained_checkpoint, capsys):
+    from benchmarks.patch_by_evidence import main
+
+    main(["--ckpt", str(trained_checkpoint), "--num-images", "8", "--min-gap", "0.001"])  # a tiny model
+    printed = capsys.readouterr().out
+    assert printed.startswith("8 pairs; circle patches per pair")
+    for row in ("circle patches, all", "background patches, all", "the largest background patch"):
+        assert re.search(rf"^{row} +-?\d\.\d{{3}} \[", printed, re.M), row

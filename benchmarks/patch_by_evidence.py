@@ -1,0 +1,56 @@
+"""Which tokens carry the class of a two-circles model? `vit-attention patch`'s token restoration,
+summed over the circles' patches (in the clean image or its counterfactual) and over the rest.
+
+    python benchmarks/patch_by_evidence.py --ckpt runs/relpos/version_0/checkpoints/best.ckpt
+
+`vit-attention patch` averages each token position over the pairs, where the circles sit anywhere;
+this splits each pair's tokens by where its circles are. Prints each share (the sum over the
+tokens of a kind, and per token) with a 95% bootstrap interval over pairs, for the last block.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vit.checkpoint import load_checkpoint
+from vit.commands.inputs import spread_test_images
+from vit.faithfulness import as_text, interval, patch_evidence
+from vit.patching import MIN_GAP, analyse
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ckpt", required=True, help="a vit-train checkpoint of two circles")
+    parser.add_argument(
+        "--num-images", type=int, default=64, help="test images, each with its counterfactual"
+    )
+    parser.add_argument("--min-gap", type=float, default=MIN_GAP, help="as vit-attention patch's --min_gap")
+    args = parser.parse_args(argv)
+    classifier, data = load_checkpoint(args.ckpt)
+    model, prefix = classifier.model, classifier.model.num_prefix_tokens
+    images, labels, indices = spread_test_images(data, args.num_images)
+    moved, moved_labels = data.counterfactuals("test")
+    circles = patch_evidence(model, data.evidence("test")[indices])
+    circles |= patch_evidence(model, data.counterfactual_evidence("test")[indices])
+    found = analyse(
+        model, images, moved[indices], classes=(labels, moved_labels[indices]), min_gap=args.min_gap
+    )
+    patches = found["per_pair"]["tokens"][-1][prefix:].T  # (pairs, patches), after the last block
+    background = ~circles
+    rows = {
+        "circle patches, all": (patches * circles).sum(1),
+        "background patches, all": (patches * background).sum(1),
+        "a circle patch, mean": (patches * circles).sum(1) / circles.sum(1),
+        "a background patch, mean": (patches * background).sum(1) / background.sum(1),
+        "the largest background patch": patches.masked_fill(circles, float("-inf")).max(1).values,
+    }
+    per_pair = circles.sum(1).float().mean()
+    print(f"{len(images)} pairs; circle patches per pair {per_pair:.1f} of {circles.shape[1]}")
+    for name, values in rows.items():
+        print(f"{name:30s} {as_text(interval(values))}")
+
+
+if __name__ == "__main__":
+    main()
