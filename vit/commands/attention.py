@@ -35,9 +35,9 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
-    run_command,
+    run_parsed,
 )
-from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
+from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -416,9 +416,7 @@ def main(args: list[str] | None = None) -> None:
         from vit.commands.patch import main as patch
 
         return patch(args[1:])
-    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
-    data = options.pop("data")
-    run_command(lambda: attention(**options, data=parse_data_options(data)))
+    run_parsed(attention, parser(), args)
 
 
 if __name__ == "__main__":

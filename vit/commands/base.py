@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from jsonargparse import ArgumentParser
 
-from vit.commands.inputs import DEVICES
+from vit.commands.inputs import DEVICES, parse_data_options
 from vit.compat import old_option_hint
 from vit.errors import UsageError, one_line
 
@@ -155,3 +155,15 @@ def run_command(command: Callable[..., object], *args, **kwargs) -> None:
         if not is_misconfiguration(e):
             raise
         fail(e, USAGE)
+
+
+def run_parsed(command: Callable[..., object], parser: Parser, args: list[str], **derived) -> None:
+    """Parse `args` with `parser` and `run_command` `command` with the options as keywords, the
+    `--data KEY=VALUE` items read into a dict; `derived` maps an option to a function of its value
+    that gives (keyword, value) instead."""
+    options = vars(parser.parse_args(args))
+    for name, derive in derived.items():
+        key, value = derive(options.pop(name))
+        options[key] = value
+    options["data"] = parse_data_options(options.get("data") or [])
+    run_command(lambda: command(**options))

@@ -25,9 +25,9 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
-    run_command,
+    run_parsed,
 )
-from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
+from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
 NORM_RATIO = 4.0  # vit.heads.NORM_RATIO, here so that --help needs no torch (a test checks them)
@@ -183,6 +183,4 @@ def parser() -> Parser:
 
 
 def main(args: list[str]) -> None:
-    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
-    data = options.pop("data")
-    run_command(lambda: heads(**options, data=parse_data_options(data)))
+    run_parsed(heads, parser(), args)

@@ -31,9 +31,9 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
-    run_command,
+    run_parsed,
 )
-from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
+from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
 CORRUPTIONS = ("counterfactual", "evidence", "random:K")
@@ -272,6 +272,4 @@ def parser() -> Parser:
 
 
 def main(args: list[str]) -> None:
-    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
-    data = options.pop("data")
-    run_command(lambda: patch(**options, data=parse_data_options(data)))
+    run_parsed(patch, parser(), args)

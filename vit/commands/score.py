@@ -24,9 +24,9 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
-    run_command,
+    run_parsed,
 )
-from vit.commands.inputs import check_counts, check_images, load_inputs, parse_data_options, torch_device
+from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
 # The keys of `vit.faithfulness.METHODS`, here so that --help needs no torch (a test checks them).
@@ -200,7 +200,4 @@ def parser() -> Parser:
 
 
 def main(args: list[str]) -> None:
-    options = {key.replace("-", "_"): value for key, value in vars(parser().parse_args(args)).items()}
-    options["sanity"] = not options.pop("no_sanity")
-    data = options.pop("data")
-    run_command(lambda: score(**options, data=parse_data_options(data)))
+    run_parsed(score, parser(), args, no_sanity=lambda off: ("sanity", not off))
