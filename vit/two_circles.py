@@ -278,8 +278,7 @@ class TwoCircles(InMemoryDataModule):
 
     def counterfactual_evidence(self, name: str) -> torch.Tensor:
         """The pixels the two circles ink in `counterfactuals(name)`'s images: (N, H, W) bool."""
-        hp = self.hparams
-        return circle_pixels(self.counterfactual_centres(name), hp.image_size, hp.radius, hp.wrap).any(dim=1)
+        return self._inked(self.counterfactual_centres(name))
 
     def _own_name(self, name: str) -> str:
         return {"test": self.test_name, "iid": "test"}.get(name, name)
@@ -287,8 +286,12 @@ class TwoCircles(InMemoryDataModule):
     def evidence(self, name: str) -> torch.Tensor:
         """The pixels the two circles ink in `split(name)`: (N, H, W) bool (any coverage at all,
         as `circle_patch_masks` counts them): all that carries the label."""
+        return self._inked(self.circle_centres(name))
+
+    def _inked(self, centres: torch.Tensor) -> torch.Tensor:
+        """The pixels (N, H, W) bool that circles at `centres` (N, 2, 2) ink, any coverage at all."""
         hp = self.hparams
-        return circle_pixels(self.circle_centres(name), hp.image_size, hp.radius, hp.wrap).any(dim=1)
+        return circle_pixels(centres, hp.image_size, hp.radius, hp.wrap).any(dim=1)
 
     def circle_centres(self, name: str) -> torch.Tensor:
         """The circle centres (n, 2, 2) as (x, y) pixels of the images of `split(name)`."""

@@ -167,3 +167,27 @@ def run_parsed(command: Callable[..., object], parser: Parser, args: list[str], 
         options[key] = value
     options["data"] = parse_data_options(options.get("data") or [])
     run_command(lambda: command(**options))
+
+
+def progress_bar(what: str) -> Callable:
+    """A function that wraps an iterable of chunks in a tqdm bar labelled `what`."""
+    from tqdm import tqdm
+
+    return lambda chunks: tqdm(chunks, desc=what, unit="batch")
+
+
+def settings(source, seconds: float, **options) -> dict:
+    """The record of a run for its JSON: where the network came from, `options` (images, batch
+    size, seed, device, ...), the seconds it took and torch's version."""
+    import torch
+
+    return {"source": str(source), **options, "seconds": round(seconds, 2), "torch": torch.__version__}
+
+
+def write_outputs(out: str | Path, files: dict) -> None:
+    """Write a command's texts and figures into `out` (`vit.plot.save_all`: nothing half-written)
+    and say which."""
+    from vit.plot import save_all
+
+    written = save_all(Path(out), files)
+    print(f"wrote {', '.join(path.name for path in written)} into {out}")

@@ -34,6 +34,7 @@ from vit.commands.base import (
     add_source_arguments,
     check_out_folder,
     run_command,
+    write_outputs,
 )
 from vit.commands.inputs import check_datamodule, parse_data_options, torch_device
 from vit.errors import UsageError
@@ -127,7 +128,7 @@ def evaluate(
 
     from vit.checkpoint import check_source, load_checkpoint, load_network
     from vit.metrics import classification_metrics, collect_probabilities, restrict_to
-    from vit.plot import confusion_figure, reliability_figure, save_all
+    from vit.plot import confusion_figure, reliability_figure
 
     if split not in SPLITS:
         raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -189,8 +190,8 @@ def evaluate(
                 title=f"{title}\n",
             ),
         }
-        written = save_all(out, files)
-        print(f"\nwrote {', '.join(path.name for path in written)} into {out}")
+        print()
+        write_outputs(out, files)
     return metrics
 
 

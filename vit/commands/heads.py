@@ -25,7 +25,10 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
+    progress_bar,
     run_parsed,
+    settings,
+    write_outputs,
 )
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
@@ -98,11 +101,9 @@ def heads(
     print the tables and, with `out`, write heads.json and the figures. Returns the results
     (`vit.heads.analyse`). Test images come from the checkpoint's data module, built as
     `vit.commands.inputs.load_inputs` builds it (`datamodule_class`, `data`)."""
-    import torch
-
     from vit.checkpoint import check_source
     from vit.heads import ABLATIONS, analyse
-    from vit.plot import ablation_figure, attribution_figure, logit_lens_figure, save_all, token_norms_figure
+    from vit.plot import ablation_figure, attribution_figure, logit_lens_figure, token_norms_figure
 
     started = time.perf_counter()
     check_source(ckpt, model, weights, datamodule_class)
@@ -114,29 +115,13 @@ def heads(
     device = torch_device(device)
     inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
     network = inputs.model.to(device)
-    batch = inputs.images
-    if inputs.datamodule is None:
-        what = f"{len(batch)} image files"
-    else:
-        what = f"{len(batch)} test images of {type(inputs.datamodule).__name__}"
-
-    from tqdm import tqdm
-
-    def progress(chunks):
-        return tqdm(chunks, desc="heads", unit="batch")
-
-    results = analyse(network, batch, inputs.labels, batch_size, norm_ratio, seed, progress)
+    batch, what = inputs.images, inputs.description
+    results = analyse(network, batch, inputs.labels, batch_size, norm_ratio, seed, progress_bar("heads"))
     results.pop("per_image")
     seconds = time.perf_counter() - started
-    results["settings"] = {
-        "source": str(ckpt or model),
-        "images": what,
-        "batch_size": batch_size,
-        "seed": seed,
-        "device": device,
-        "seconds": round(seconds, 2),
-        "torch": torch.__version__,
-    }
+    results["settings"] = settings(
+        ckpt or model, seconds, images=what, batch_size=batch_size, seed=seed, device=device
+    )
     print(f"analysed {results['layers']} layers x {results['heads']} heads on {what} in {seconds:.1f} s")
     print(table(results))
     if out is not None:
@@ -145,8 +130,7 @@ def heads(
         files["attribution.png"] = attribution_figure(results)
         files["logit_lens.png"] = logit_lens_figure(results)
         files["token_norms.png"] = token_norms_figure(results)
-        written = save_all(Path(out), files)
-        print(f"wrote {', '.join(p.name for p in written)} into {out}")
+        write_outputs(out, files)
     return results
 
 

@@ -108,6 +108,14 @@ class Inputs:
     indices: list[int] | None = None  # at these indices,
     labels: torch.Tensor | None = None  # with these labels
 
+    @property
+    def description(self) -> str:
+        """What the images are, for the printout and the JSON: "8 image files", "512 test images
+        of TwoCircles"."""
+        if self.datamodule is None:
+            return f"{len(self.images)} image files"
+        return f"{len(self.images)} test images of {type(self.datamodule).__name__}"
+
 
 def load_inputs(
     ckpt: Path | None,

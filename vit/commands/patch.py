@@ -31,7 +31,10 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
+    progress_bar,
     run_parsed,
+    settings,
+    write_outputs,
 )
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
@@ -125,7 +128,7 @@ def patch(
     import torch
 
     from vit.checkpoint import check_source
-    from vit.plot import patching_figure, patching_tokens_figure, save_all
+    from vit.plot import patching_figure, patching_tokens_figure
 
     started = time.perf_counter()
     check_source(ckpt, model, weights, datamodule_class)
@@ -167,7 +170,6 @@ def patch(
         network, clean, datamodule = inputs.model, inputs.images, inputs.datamodule
         has_counterfactuals = datamodule is not None and hasattr(datamodule, "counterfactuals")
         kind = kind or ("counterfactual" if has_counterfactuals else "random")
-        source = "image files" if datamodule is None else f"test images of {type(datamodule).__name__}"
         if kind == "counterfactual":
             if not has_counterfactuals:
                 name = type(datamodule).__name__
@@ -175,7 +177,7 @@ def patch(
                                  "--corrupt random:K or evidence, or --pairs")  # fmt: skip
             moved, labels = datamodule.counterfactuals("test")
             corrupted, classes = moved[inputs.indices], (inputs.labels, labels[inputs.indices])
-            what = f"{len(clean)} {source} and their counterfactuals"
+            what = f"{inputs.description} and their counterfactuals"
         else:
             patches = network.grid_size[0] * network.grid_size[1]
             if kind == "evidence":
@@ -184,35 +186,23 @@ def patch(
                     raise UsageError(f"--corrupt evidence: {type(datamodule).__name__} does not know which "
                                      "pixels carry its labels; use --corrupt random:K")  # fmt: skip
                 removed = patch_evidence(network, pixels[inputs.indices])
-                what = f"{len(clean)} {source}, their evidence patches"
+                what = f"{inputs.description}, their evidence patches"
             else:
                 count = count or max(1, patches // 4)
                 if count > patches:
                     raise UsageError(f"--corrupt random:{count}: the model's images have {patches} patches")
                 removed = random_patches(len(clean), patches, count, torch.Generator().manual_seed(seed))
-                what = f"{len(clean)} {source}, {count} of {patches} patches at random"
+                what = f"{inputs.description}, {count} of {patches} patches at random"
             what += " replaced by the mean colour"
             corrupted = replace_patches(network, clean, removed, clean.mean(dim=(0, 2, 3)))
     network.to(device)
 
-    from tqdm import tqdm
-
-    def progress(chunks):
-        return tqdm(chunks, desc="patching", unit="batch")
-
-    results = analyse(network, clean, corrupted, classes, batch_size, min_gap, seed, progress)
+    results = analyse(network, clean, corrupted, classes, batch_size, min_gap, seed, progress_bar("patching"))
     results.pop("per_pair")
     seconds = time.perf_counter() - started
     results["pairs"] = what
     results["classes"] = "the labels of each pair" if classes is not None else "the predicted classes"
-    results["settings"] = {
-        "source": str(ckpt or model),
-        "batch_size": batch_size,
-        "seed": seed,
-        "device": device,
-        "seconds": round(seconds, 2),
-        "torch": torch.__version__,
-    }
+    results["settings"] = settings(ckpt or model, seconds, batch_size=batch_size, seed=seed, device=device)
     print(f"patched {results['layers']} layers x {results['heads']} heads and {results['tokens']} tokens "
           f"on {what} in {seconds:.1f} s")  # fmt: skip
     kept, total = results["pairs_kept"], results["num_pairs"]
@@ -227,8 +217,7 @@ def patch(
         files = {"patch.json": json.dumps(results, indent=1)}
         files["patch_heads.png"] = patching_figure(results)
         files["patch_tokens.png"] = patching_tokens_figure(clean[0], results)
-        written = save_all(Path(out), files)
-        print(f"wrote {', '.join(p.name for p in written)} into {out}")
+        write_outputs(out, files)
     return results
 
 

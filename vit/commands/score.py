@@ -24,7 +24,10 @@ from vit.commands.base import (
     add_images_argument,
     add_source_arguments,
     check_out_folder,
+    progress_bar,
     run_parsed,
+    settings,
+    write_outputs,
 )
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
@@ -90,7 +93,6 @@ def score(
     the tables and, with `out`, write scores.json and the figures. Returns the results. Test
     images come from the checkpoint's data module, built as `vit.commands.inputs.load_inputs`
     builds it (`datamodule_class`, `data`)."""
-    import torch
 
     from vit.checkpoint import check_source
     from vit.datamodules import ImageFolders
@@ -100,7 +102,6 @@ def score(
         layers_heads_evidence_figure,
         perturbation_figure,
         randomisation_figure,
-        save_all,
     )
 
     started = time.perf_counter()
@@ -116,12 +117,11 @@ def score(
     inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
     network, batch, labels, datamodule = inputs.model, inputs.images, inputs.labels, inputs.datamodule
     evidence, why = None, None
+    what = inputs.description
     if datamodule is None:
-        what = f"{len(batch)} image files"
         why = "image files given with --images carry no evidence"
     else:
         pixels = datamodule.evidence("test")
-        what = f"{len(batch)} test images of {type(datamodule).__name__}"
         if pixels is None:
             why = f"{type(datamodule).__name__} does not know which pixels carry its labels"
             if isinstance(datamodule, ImageFolders):
@@ -132,23 +132,14 @@ def score(
         raise UsageError(f"--methods evidence needs data with evidence: {why}")
     network.to(device)
 
-    from tqdm import tqdm
-
-    def progress(chunks):
-        return tqdm(chunks, desc="scoring", unit="batch")
-
-    results = score(network, batch, labels, evidence, methods, batch_size, seed, sanity, progress)
+    results = score(
+        network, batch, labels, evidence, methods, batch_size, seed, sanity, progress_bar("scoring")
+    )
     seconds = time.perf_counter() - started
     grid = "x".join(map(str, network.grid_size))
-    results["settings"] = {
-        "source": str(ckpt or model),
-        "images": what,
-        "batch_size": batch_size,
-        "seed": seed,
-        "device": device,
-        "seconds": round(seconds, 2),
-        "torch": torch.__version__,
-    }
+    results["settings"] = settings(
+        ckpt or model, seconds, images=what, batch_size=batch_size, seed=seed, device=device
+    )
     print(f"scored {what} ({grid} patches) in {seconds:.1f} s")
     if why is not None:
         print(f"no evidence figures: {why}")
@@ -162,8 +153,7 @@ def score(
             files["layers_heads.png"] = layers_heads_evidence_figure(results)
         if "randomisation" in results:
             files["randomisation.png"] = randomisation_figure(results)
-        written = save_all(Path(out), files)
-        print(f"wrote {', '.join(p.name for p in written)} into {out}")
+        write_outputs(out, files)
     return results
 
 
