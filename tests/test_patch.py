@@ -134,3 +134,76 @@ def test_bad_input_is_one_line_and_writes_nothing(
     found, error = command_error(attention_main, args, capsys)
     assert found == status and message in error, error
     assert not (tmp_path / "out").exists()
+
+
+def capture_pairs(monkeypatch) -> list:
+    """Record the (clean, corrupted, classes) that `vit-attention patch` hands `vit.patching.analyse`,
+    which still runs."""
+    import vit.patching
+
+    seen, real = [], vit.patching.analyse
+
+    def recording(model, clean, corrupted, classes=None, *args, **kwargs):
+        seen.append((clean.clone(), corrupted.clone(), classes))
+        return real(model, clean, corrupted, classes, *args, **kwargs)
+
+    monkeypatch.setattr(vit.patching, "analyse", recording)
+    return seen
+
+
+def changed_patches(clean: torch.Tensor, corrupted: torch.Tensor, patch: int = 8) -> torch.Tensor:
+    """Which patches of each image differ: (B, patches) bool, row by row over the grid."""
+    differs = (clean != corrupted).any(1).float()[:, None]
+    return torch.nn.functional.max_pool2d(differs, patch).flatten(1).bool()
+
+
+def test_corrupt_evidence_replaces_the_evidence_patches_and_nothing_else(
+    trained, trained_checkpoint, tmp_path, capsys, monkeypatch
+):
+    _, data = trained
+    seen = capture_pairs(monkeypatch)
+    attention_main(["patch", "--ckpt", trained_checkpoint, "--num_images", "6", "--corrupt", "evidence",
+                    "--min_gap", "0.001", "--out", tmp_path / "out"])  # fmt: skip
+    assert "their evidence patches replaced by the mean colour" in capsys.readouterr().out
+    clean, corrupted, classes = seen[0]
+    assert classes is None  # the clean and corrupted predictions, not labels
+    evidence = data.evidence("test")  # the command spreads 6 images over the test split
+    indices = [i for i in range(64) if torch.equal(data.splits["test"].images[i], clean[0])]
+    assert indices, "the first clean image is a test image"
+    inked = torch.nn.functional.max_pool2d(evidence[indices[0]][None, None].float(), 8).flatten().bool()
+    assert torch.equal(changed_patches(clean, corrupted)[0], inked)
+    assert torch.allclose(corrupted[0, 0][evidence[indices[0]]], clean.mean(dim=(0, 2, 3))[0].expand(1))
+    results = json.loads((tmp_path / "out" / "patch.json").read_text())
+    assert results["classes"] == "the predicted classes" and results["num_pairs"] == 6
+
+
+def test_corrupt_random_replaces_k_patches_of_each_image(trained_checkpoint, tmp_path, capsys, monkeypatch):
+    seen = capture_pairs(monkeypatch)
+    attention_main(["patch", "--ckpt", trained_checkpoint, "--num_images", "5", "--corrupt", "random:3"])
+    assert "3 of 16 patches at random replaced by the mean colour" in capsys.readouterr().out
+    clean, corrupted, _ = seen[0]
+    assert (changed_patches(clean, corrupted).sum(1) == 3).all()
+
+
+def test_pairs_from_a_csv_patch_the_listed_files_clean_first(trained_checkpoint, tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    rows = ["clean,corrupted"]
+    for i in range(3):  # clean: a bright square on the left; corrupted: on the right
+        for name, left in (("clean", 0), ("corrupted", 16)):
+            canvas = Image.new("L", (32, 32))
+            canvas.paste(255, (left, 8 * i, left + 16, 8 * i + 16))
+            canvas.save(folder / f"{name}{i}.png")
+        rows.append(f"clean{i}.png,corrupted{i}.png")
+    (folder / "pairs.csv").write_text("\n".join(rows) + "\n")
+    seen = capture_pairs(monkeypatch)
+    out = tmp_path / "out"
+    attention_main(["patch", "--ckpt", trained_checkpoint, "--pairs", folder / "pairs.csv",
+                    "--min_gap", "0.001", "--out", out])  # fmt: skip
+    assert "on 3 pairs of image files from" in capsys.readouterr().out
+    clean, corrupted, classes = seen[0]
+    assert clean.shape == corrupted.shape == (3, 1, 32, 32) and classes is None
+    assert (clean[:, :, :, :16].mean() > 0.4) and (clean[:, :, :, 16:].mean() < 0.1)  # clean is the left column
+    assert (corrupted[:, :, :, 16:].mean() > 0.4) and (corrupted[:, :, :, :16].mean() < 0.1)
+    results = json.loads((out / "patch.json").read_text())
+    assert results["num_pairs"] == 3 and results["classes"] == "the predicted classes"

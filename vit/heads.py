@@ -23,6 +23,11 @@ attention output projection, `blocks[i].attn.proj`, where the heads' outputs sta
   `norm_ratio` times it are flagged, by kind (class token, distillation token, registers,
   patches), with the share of the next block's attention (mean over heads and queries) they get.
 
+- Looking against using, where the data knows its evidence: each head's attention mass on the
+  evidence patches (the evidence patches' attention to the other patches, and the class token's),
+  as `vit-attention score` measures it per head, beside its ablation; and the rank correlation
+  over all heads between looking at the evidence and what removing the head costs.
+
 Figures are means over images with a 95% bootstrap interval over images (`vit.faithfulness.interval`).
 `analyse` runs it all; `vit-attention heads` prints and saves what it returns.
 """
@@ -39,7 +44,7 @@ from torch import nn
 
 from vit.attention_maps import record_attention
 from vit.errors import require
-from vit.faithfulness import device_of, interval, lh_interval
+from vit.faithfulness import device_of, interval, layers_heads_scores, lh_interval, patch_evidence, spearman
 from vit.layers import LayerScale
 from vit.model import ViT
 
@@ -64,6 +69,10 @@ PROTOCOL = {
     "high-norm tokens": "norm after a block over the median norm of the image's patch tokens there, "
     "above the ratio; attention: the share of the next block's attention (mean over heads and "
     "queries) the flagged tokens receive, against their share of the tokens",
+    "evidence mass": "per head, the share of the attention's positive mass on evidence patches: the "
+    "evidence patches' attention to the other patches (evidence -> evidence), the class token's "
+    "(class token -> evidence); the correlation: Spearman's, over every layer and head, of the mean "
+    "mass against the mean loss of log-probability under each ablation (intact minus ablated)",
     "interval": "95% percentile bootstrap over images, 1000 resamples",
 }
 
@@ -274,9 +283,11 @@ def analyse(
     norm_ratio: float = NORM_RATIO,
     seed: int = 0,
     progress: Callable | None = None,
+    evidence: torch.Tensor | None = None,
 ) -> dict:
     """Ablation, direct logit attribution, logit lens and high-norm tokens of `model` on `images`
-    (N, C, H, W in [0, 1]; `labels` (N,) where known). `batch_size` bounds the images of one
+    (N, C, H, W in [0, 1]; `labels` (N,) where known), and with `evidence` (N, H, W pixels, bool)
+    each head's attention on it against its ablation. `batch_size` bounds the images of one
     forward pass, copies included (an ablation runs heads + 1 copies of each image). Returns
     per-image tensors under "per_image" and JSON-ready figures (`interval`s, tables [layer][head])
     for the rest; `progress(iterable)` wraps each loop over chunks (tqdm)."""
@@ -293,7 +304,8 @@ def analyse(
     # the intact pass: attribution, lens, norms, and the heads' mean outputs for the ablation
     found: dict[str, list] = {}
     head_sums = 0
-    for x in wrap(images.split(batch_size)):
+    for start in wrap(range(0, len(images), batch_size)):
+        x = images[start : start + batch_size]
         seen = record(model, x)
         predicted = seen.logits.argmax(-1)
         keep(found, "logits", seen.logits)
@@ -304,6 +316,11 @@ def analyse(
             keep(found, "patch_lens", patch_lens_logits(model, seen.residual).argmax(-1))
         keep(found, "ratios", norm_ratios(model, seen.residual))
         keep(found, "attention", seen.attention)
+        if evidence is not None:
+            inked = patch_evidence(model, evidence[start : start + batch_size].cpu())
+            for name, values in layers_heads_scores(model, x, inked).items():
+                if name.endswith("/relevance_mass"):  # (L, H, B)
+                    keep(found, f"looks/{name.split('/')[0]}", values)
         head_sums = head_sums + seen.heads.sum(dim=1)
     image_axis = {"logits": 0, "lens": 1, "patch_lens": 1, "ratios": 1, "attention": 1}  # else the last
     per_image = {k: torch.cat(v, dim=image_axis.get(k, -1)) for k, v in found.items()}
@@ -383,7 +400,25 @@ def analyse(
         },  # fmt: skip
         "per_image": per_image,
     }
+    if evidence is not None:
+        results["evidence"] = looking_against_using(model, evidence, per_image)
     if "patch_lens" in per_image:  # (L, N images, patches) -> accuracy per layer and patch
         patch_correct = (per_image["patch_lens"] == truth[None, :, None]).float().mean(1)
         results["logit_lens"]["patches"] = patch_correct.tolist()
     return results
+
+
+def looking_against_using(model: ViT, evidence: torch.Tensor, per_image: dict) -> dict:
+    """Each head's attention mass on the evidence (`looks/query`, `looks/cls` of `per_image`, (L, H,
+    N)) as figures per layer and head, and the rank correlation over all heads of its mean with the
+    mean loss of log-probability under each ablation."""
+    loss = {kind: -per_image[f"ablation/{kind}/log_probability"].mean(-1).flatten() for kind in ABLATIONS}
+    looks = {k.split("/")[1]: v for k, v in per_image.items() if k.startswith("looks/")}
+    return {
+        "share": patch_evidence(model, evidence.cpu()).float().mean().item(),
+        "mass": {name: lh_interval(mass) for name, mass in looks.items()},
+        "spearman": {
+            name: {kind: spearman(mass.nanmean(-1).flatten(), loss[kind]).item() for kind in ABLATIONS}
+            for name, mass in looks.items()
+        },
+    }

@@ -66,6 +66,8 @@ def table(results: dict) -> str:
     for layer, accuracy in enumerate(results["logit_lens"]["accuracy"]):
         lines.append(f"{layer}".ljust(14) + cell(accuracy))
     lines.append("the model".ljust(14) + cell(results["accuracy"]))
+    if "evidence" in results:
+        lines += looking_table(results)
     norms = results["norms"]
     lines += ["", f"high-norm tokens: norm over the median patch-token norm above {norms['norm_ratio']:g}"]
     columns = [("max_patch_ratio", "largest patch, ratio"), ("patches_flagged", "patches flagged")]
@@ -80,6 +82,32 @@ def table(results: dict) -> str:
         lines.append(f"{layer}".ljust(14) + "".join(text.ljust(26) for text in shown))
     lines.append("(-: no token flagged, or no block after the last)")
     return "\n".join(line.rstrip() for line in lines)
+
+
+LOOKS = {"query": "evidence -> evidence", "cls": "class token -> evidence"}
+
+
+def looking_table(results: dict) -> list[str]:
+    """Each head's attention mass on the evidence beside its ablation, and their rank correlation."""
+    from vit.faithfulness import as_text as cell
+
+    found = results["evidence"]
+    names = [name for name in LOOKS if name in found["mass"]]
+    lines = ["", f"each head: attention mass on the evidence ({found['share']:.0%} of the patches: "
+             "attention that knows nothing) beside what ablating the head costs"]  # fmt: skip
+    columns = [LOOKS[name] for name in names] + ["mean abl., log-prob.", "zero abl., log-prob."]
+    lines.append("layer head".ljust(12) + "".join(name.ljust(26) for name in columns))
+    for layer in range(results["layers"]):
+        for head in range(results["heads"]):
+            cells = [found["mass"][name][layer][head] for name in names]
+            cells += [results["ablation"][kind]["log_probability"][layer][head] for kind in ("mean", "zero")]
+            lines.append(f"{layer:<5d} {head:<6d}" + "".join(cell(c).ljust(26) for c in cells))
+    lines.append(f"rank correlation over the {results['layers'] * results['heads']} heads of the mass "
+                 "with the loss of log-probability when the head is ablated:")  # fmt: skip
+    for name in names:
+        rho = found["spearman"][name]
+        lines.append(f"  {LOOKS[name]}: mean ablation {rho['mean']:+.2f}, zero ablation {rho['zero']:+.2f}")
+    return lines
 
 
 def heads(
@@ -116,7 +144,10 @@ def heads(
     inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
     network = inputs.model.to(device)
     batch, what = inputs.images, inputs.description
-    results = analyse(network, batch, inputs.labels, batch_size, norm_ratio, seed, progress_bar("heads"))
+    evidence, _ = inputs.evidence()
+    results = analyse(
+        network, batch, inputs.labels, batch_size, norm_ratio, seed, progress_bar("heads"), evidence
+    )
     results.pop("per_image")
     seconds = time.perf_counter() - started
     results["settings"] = settings(

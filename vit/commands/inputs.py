@@ -116,6 +116,21 @@ class Inputs:
             return f"{len(self.images)} image files"
         return f"{len(self.images)} test images of {type(self.datamodule).__name__}"
 
+    def evidence(self) -> tuple[torch.Tensor | None, str | None]:
+        """The evidence pixels of the images (B, H, W) bool where the data module knows them, and
+        else None with the reason in words."""
+        from vit.datamodules import ImageFolders
+
+        if self.datamodule is None:
+            return None, "image files given with --images carry no evidence"
+        pixels = self.datamodule.evidence("test")
+        if pixels is not None:
+            return pixels[self.indices], None
+        why = f"{type(self.datamodule).__name__} does not know which pixels carry its labels"
+        if isinstance(self.datamodule, ImageFolders):
+            why += f" (no masks in {self.datamodule.root}/masks/test/<class>/<image>.png)"
+        return None, why
+
 
 def load_inputs(
     ckpt: Path | None,

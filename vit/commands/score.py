@@ -95,7 +95,6 @@ def score(
     builds it (`datamodule_class`, `data`)."""
 
     from vit.checkpoint import check_source
-    from vit.datamodules import ImageFolders
     from vit.faithfulness import METHODS, current_names, score
     from vit.plot import (
         evidence_figure,
@@ -115,19 +114,9 @@ def score(
     check_out_folder(out)
     device = torch_device(device)
     inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
-    network, batch, labels, datamodule = inputs.model, inputs.images, inputs.labels, inputs.datamodule
-    evidence, why = None, None
+    network, batch, labels = inputs.model, inputs.images, inputs.labels
+    evidence, why = inputs.evidence()
     what = inputs.description
-    if datamodule is None:
-        why = "image files given with --images carry no evidence"
-    else:
-        pixels = datamodule.evidence("test")
-        if pixels is None:
-            why = f"{type(datamodule).__name__} does not know which pixels carry its labels"
-            if isinstance(datamodule, ImageFolders):
-                why += f" (no masks in {datamodule.root}/masks/test/<class>/<image>.png)"
-        else:
-            evidence = pixels[inputs.indices]
     if methods and "evidence" in methods and evidence is None:
         raise UsageError(f"--methods evidence needs data with evidence: {why}")
     network.to(device)
