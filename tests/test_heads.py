@@ -13,6 +13,7 @@ from helpers import command_error
 from vit import ViT
 from vit.commands import heads as heads_command
 from vit.commands.attention import main as attention_main
+from vit.faithfulness import score
 from vit.heads import NORM_RATIO, analyse, attribution, record
 
 
@@ -142,7 +143,9 @@ def test_vit_attention_heads_prints_the_tables_and_writes_the_figures(trained_ch
                     "--out", out])  # fmt: skip
     printed = capsys.readouterr().out
     assert "analysed 2 layers x 2 heads on 12 test images of TwoCircles" in printed
-    for title in ("each head: ablated alone", "the logit (their sum)", "logit lens", "high-norm tokens"):
+    titles = ("each head: ablated alone", "the logit (their sum)", "logit lens", "high-norm tokens",
+              "each head: attention mass on the evidence", "evidence -> evidence: mean ablation")  # fmt: skip
+    for title in titles:
         assert title in printed
     assert sorted(p.name for p in out.iterdir()) == [
         "ablation_mean.png", "ablation_zero.png", "attribution.png", "heads.json", "logit_lens.png",
@@ -152,6 +155,38 @@ def test_vit_attention_heads_prints_the_tables_and_writes_the_figures(trained_ch
     assert results["num_images"] == 12 and results["against"] == "labels"
     assert len(results["ablation"]["mean"]["accuracy"]) == 2 and len(results["attribution"]["heads"][1]) == 2
     assert results["settings"]["source"] == str(trained_checkpoint)
+    found = results["evidence"]
+    assert len(found["mass"]["query"]) == 2 and set(found["spearman"]) == {"query", "cls"}
+
+
+def means(table: list[list[dict]]) -> torch.Tensor:
+    """The means of a table of figures [layer][head], flattened."""
+    return torch.tensor([[figure["mean"] for figure in row] for row in table]).flatten()
+
+
+def test_each_heads_mass_on_the_evidence_is_the_one_score_measures_and_ranks_against_its_ablation(trained):
+    classifier, data = trained
+    model = classifier.model
+    images, labels = data.splits["test"].images[:24], data.splits["test"].labels[:24]
+    evidence = data.evidence("test")[:24]
+    results = analyse(model, images, labels, batch_size=10, evidence=evidence)  # chunks of 10, 10, 4
+    found = results["evidence"]
+    scored = score(model, images, labels, evidence, ["random"], batch_size=24, sanity=False)
+    for name in ("query", "cls"):
+        for layer in range(2):
+            for head in range(2):
+                theirs = scored["layers_heads"][f"{name}/relevance_mass"][layer][head]["mean"]
+                assert found["mass"][name][layer][head]["mean"] == pytest.approx(theirs)
+    assert found["share"] == pytest.approx(scored["evidence_share"])
+    # Spearman's correlation, from the printed means, with ranks counted independently
+    for name in ("query", "cls"):
+        mass = means(found["mass"][name])
+        for kind in ("mean", "zero"):
+            loss = -means(results["ablation"][kind]["log_probability"])
+            ranks = [v.argsort().argsort().double() for v in (mass, loss)]
+            expected = torch.corrcoef(torch.stack(ranks))[0, 1].item()
+            assert found["spearman"][name][kind] == pytest.approx(expected, abs=1e-6)
+    assert "evidence" not in analyse(model, images, labels, batch_size=24)  # nothing known, nothing said
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,9 @@ def test_corrupt_random_replaces_k_patches_of_each_image(trained_checkpoint, tmp
     assert (changed_patches(clean, corrupted).sum(1) == 3).all()
 
 
-def test_pairs_from_a_csv_patch_the_listed_files_clean_first(trained_checkpoint, tmp_path, capsys, monkeypatch):
+def test_pairs_from_a_csv_patch_the_listed_files_clean_first(
+    trained_checkpoint, tmp_path, capsys, monkeypatch
+):
     folder = tmp_path / "pairs"
     folder.mkdir()
     rows = ["clean,corrupted"]
@@ -203,7 +205,8 @@ def test_pairs_from_a_csv_patch_the_listed_files_clean_first(trained_checkpoint,
     assert "on 3 pairs of image files from" in capsys.readouterr().out
     clean, corrupted, classes = seen[0]
     assert clean.shape == corrupted.shape == (3, 1, 32, 32) and classes is None
-    assert (clean[:, :, :, :16].mean() > 0.4) and (clean[:, :, :, 16:].mean() < 0.1)  # clean is the left column
+    # the clean images are the first column (bright on the left), the corrupted the second
+    assert (clean[:, :, :, :16].mean() > 0.4) and (clean[:, :, :, 16:].mean() < 0.1)
     assert (corrupted[:, :, :, 16:].mean() > 0.4) and (corrupted[:, :, :, :16].mean() < 0.1)
     results = json.loads((out / "patch.json").read_text())
     assert results["num_pairs"] == 3 and results["classes"] == "the predicted classes"
