@@ -5,7 +5,8 @@ summed over the circles' patches (in the clean image or its counterfactual) and 
 
 `vit-attention patch` averages each token position over the pairs, where the circles sit anywhere;
 this splits each pair's tokens by where its circles are. Prints each share (the sum over the
-tokens of a kind, and per token) with a 95% bootstrap interval over pairs, for the last block.
+tokens of a kind, and per token) with a 95% bootstrap interval over pairs, after each block
+(the class token's too, where there is one).
 """
 
 from __future__ import annotations
@@ -37,19 +38,23 @@ def main(argv: list[str] | None = None) -> None:
     found = analyse(
         model, images, moved[indices], classes=(labels, moved_labels[indices]), min_gap=args.min_gap
     )
-    patches = found["per_pair"]["tokens"][-1][prefix:].T  # (pairs, patches), after the last block
-    background = ~circles
-    rows = {
-        "circle patches, all": (patches * circles).sum(1),
-        "background patches, all": (patches * background).sum(1),
-        "a circle patch, mean": (patches * circles).sum(1) / circles.sum(1),
-        "a background patch, mean": (patches * background).sum(1) / background.sum(1),
-        "the largest background patch": patches.masked_fill(circles, float("-inf")).max(1).values,
-    }
     per_pair = circles.sum(1).float().mean()
     print(f"{len(images)} pairs; circle patches per pair {per_pair:.1f} of {circles.shape[1]}")
-    for name, values in rows.items():
-        print(f"{name:30s} {as_text(interval(values))}")
+    background = ~circles
+    for layer, tokens in enumerate(found["per_pair"]["tokens"]):  # (tokens, pairs) after each block
+        patches = tokens[prefix:].T  # (pairs, patches)
+        rows = {
+            "circle patches, all": (patches * circles).sum(1),
+            "background patches, all": (patches * background).sum(1),
+            "a circle patch, mean": (patches * circles).sum(1) / circles.sum(1),
+            "a background patch, mean": (patches * background).sum(1) / background.sum(1),
+            "the largest background patch": patches.masked_fill(circles, float("-inf")).max(1).values,
+        }
+        if prefix:
+            rows["the class token"] = tokens[0]
+        print(f"after block {layer}")
+        for name, values in rows.items():
+            print(f"  {name:30s} {as_text(interval(values))}")
 
 
 if __name__ == "__main__":
