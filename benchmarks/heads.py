@@ -5,9 +5,9 @@ and the forward passes it makes per image against those its protocol needs.
     python benchmarks/heads.py --ckpt best.ckpt --timm vit_small_patch16_224 --timm-images 2
 
 The protocol needs, per image, one intact pass and one pass per head and kind of ablation (mean,
-zero): 1 + 2 x heads. `analyse` runs each layer's heads in one batch beside an intact copy of the
-images (so that every change is measured against a pass of the same batch), 1 + 2 x layers x
-(heads per layer + 1) in all. Targets on 2 cores: the demo model on 1,000 test images in at most
+zero): 1 + 2 x heads. `analyse` runs each layer's heads, both kinds, in one batch beside an intact
+copy of the images (so that every change is measured against a pass of the same batch), 1 +
+layers x (2 x heads per layer + 1) in all. Targets on 2 cores: the demo model on 1,000 test images in at most
 about 30 s; passes within about 1.2x of the protocol's for a ViT-S/16 (12 layers, 6 heads). The
 timm model is built with random weights (nothing downloaded) and run on random images.
 """

@@ -7,8 +7,8 @@ attention output projection, `blocks[i].attn.proj`, where the heads' outputs sta
   per token (each token position keeps that position's mean: the class token's for the class
   token, a patch's for that patch), so that what the head says about every image stays and only
   what it says about this image goes. Reported: the change in top-1 accuracy and in the
-  log-probability of the class predicted on the intact image. Each layer's heads are ablated in
-  one batch, beside an intact copy of the same images that every change is measured against.
+  log-probability of the class predicted on the intact image. Each layer's heads are ablated, both
+  ways, in one batch, beside an intact copy of the same images that every change is measured against.
 - Direct logit attribution: what each part of the final residual stream adds to the logit of the
   predicted class, read through the final norm and the head with each LayerNorm's scale frozen at
   its value on the intact image (the norm is then linear, and the parts sum to the logit). The
@@ -209,31 +209,34 @@ def attribution(model: ViT, found: Record, targets: torch.Tensor) -> dict[str, t
 # -------------------------------------------------------------------------------------- ablation
 
 
-def ablated_logits(model: ViT, images: torch.Tensor, layer: int, replacement: torch.Tensor) -> torch.Tensor:
-    """Logits (heads + 1, B, classes) of `images` (on the model's device): first intact, then
-    with each head of block `layer` in turn replaced by its slice of `replacement` (N, heads *
-    d_head). All the copies run as one batch."""
+def ablated_logits(model: ViT, images: torch.Tensor, layer: int, replacements: torch.Tensor) -> torch.Tensor:
+    """Logits (1 + K x heads, B, classes) of `images` (on the model's device): first intact, then
+    with each head of block `layer` in turn replaced by its slice of each of the K `replacements`
+    (K, N, heads * d_head): copy 1 + k * heads + h has head h replaced by replacement k. All the
+    copies run as one batch."""
     attn = model.blocks[layer].attn
-    heads, batch = attn.heads, len(images)
-    # copy 0 intact, copy h + 1 with head h replaced
-    which = torch.cat([torch.zeros(1, heads), torch.eye(heads)]).bool().to(images.device)
+    heads, batch, kinds = attn.heads, len(images), len(replacements)
+    copies = 1 + kinds * heads
+    # per copy, which head is replaced (none for copy 0) and by which replacement
+    which = torch.cat([torch.zeros(1, heads), torch.eye(heads).repeat(kinds, 1)]).bool().to(images.device)
+    new = rearrange(replacements, "k n (h d) -> k n h d", h=heads)
+    new = torch.cat([new[:1], new.repeat_interleave(heads, dim=0)])  # (copies, N, heads, d_head)
 
     def replace(module, args):
-        outputs = rearrange(args[0], "(c b) n (h d) -> c b n h d", c=heads + 1, h=heads)
-        new = rearrange(replacement, "n (h d) -> n h d", h=heads).to(outputs.dtype)
-        outputs = torch.where(which[:, None, None, :, None], new, outputs)
+        outputs = rearrange(args[0], "(c b) n (h d) -> c b n h d", c=copies, h=heads)
+        outputs = torch.where(which[:, None, None, :, None], new[:, None].to(outputs.dtype), outputs)
         return (rearrange(outputs, "c b n h d -> (c b) n (h d)"),)
 
     with torch.no_grad(), hooks((attn.proj.register_forward_pre_hook, replace)):
-        logits = model(images.repeat(heads + 1, *[1] * (images.ndim - 1)))
-    return logits.float().view(heads + 1, batch, -1)
+        logits = model(images.repeat(copies, *[1] * (images.ndim - 1)))
+    return logits.float().view(copies, batch, -1)
 
 
 def ablation_changes(
     logits: torch.Tensor, targets: torch.Tensor, truth: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """From `ablated_logits` (heads + 1, B, classes): each head's change (heads, B) in top-1
-    accuracy against `truth` and in the log-probability of `targets`, against the intact copy."""
+    """From `ablated_logits` (1 + copies, B, classes): each ablated copy's change (copies, B) in
+    top-1 accuracy against `truth` and in the log-probability of `targets`, against the intact one."""
     correct = (logits.argmax(-1) == truth).float()
     log_p = logits.log_softmax(-1).gather(-1, targets.expand(len(logits), -1)[..., None])[..., 0]
     return correct[1:] - correct[0], log_p[1:] - log_p[0]
@@ -288,7 +291,7 @@ def analyse(
     """Ablation, direct logit attribution, logit lens and high-norm tokens of `model` on `images`
     (N, C, H, W in [0, 1]; `labels` (N,) where known), and with `evidence` (N, H, W pixels, bool)
     each head's attention on it against its ablation. `batch_size` bounds the images of one
-    forward pass, copies included (an ablation runs heads + 1 copies of each image). Returns
+    forward pass, copies included (an ablation runs 2 x heads + 1 copies of each image). Returns
     per-image tensors under "per_image" and JSON-ready figures (`interval`s, tables [layer][head])
     for the rest; `progress(iterable)` wraps each loop over chunks (tqdm)."""
     require(model.config.num_classes > 0, "the model has no head (num_classes 0): it predicts no class")
@@ -328,19 +331,20 @@ def analyse(
     targets = per_image["logits"].argmax(-1)
     truth = targets if labels is None else labels.cpu()
 
-    # the ablations: each layer's heads in one batch, beside an intact copy
-    chunk = max(1, batch_size // (heads + 1))
+    # the ablations: each layer's heads, both kinds, in one batch beside an intact copy
+    chunk = max(1, batch_size // (len(ABLATIONS) * heads + 1))
     changes: dict[str, list] = {}
     for start in wrap(range(0, len(images), chunk)):
         x = images[start : start + chunk].to(device)
         t, y = targets[start : start + chunk], truth[start : start + chunk]
-        for kind in ABLATIONS:
-            for layer in range(layers):
-                replacement = means[layer] if kind == "mean" else torch.zeros_like(means[layer])
-                logits = ablated_logits(model, x, layer, replacement).cpu()
-                accuracy, log_p = ablation_changes(logits, t, y)
-                keep(changes, f"{kind}/{layer}/accuracy", accuracy)
-                keep(changes, f"{kind}/{layer}/log_probability", log_p)
+        for layer in range(layers):
+            replacements = torch.stack([means[layer] if kind == "mean" else torch.zeros_like(means[layer])
+                                        for kind in ABLATIONS])  # fmt: skip
+            logits = ablated_logits(model, x, layer, replacements).cpu()
+            accuracy, log_p = (v.view(len(ABLATIONS), heads, -1) for v in ablation_changes(logits, t, y))
+            for k, kind in enumerate(ABLATIONS):
+                keep(changes, f"{kind}/{layer}/accuracy", accuracy[k])
+                keep(changes, f"{kind}/{layer}/log_probability", log_p[k])
     for kind in ABLATIONS:
         for measure in ("accuracy", "log_probability"):
             per_image[f"ablation/{kind}/{measure}"] = torch.stack([

@@ -191,7 +191,7 @@ def parser() -> Parser:
         help="folder for heads.json and the figures; default: print only",
     )
     add("--batch_size", type=int, default=64, metavar="N",
-        help="images per forward pass, copies included (ablation: heads + 1 copies of each)")  # fmt: skip
+        help="images per forward pass, copies included (ablation: 2 x heads + 1 copies of each)")  # fmt: skip
     add_device_argument(parser)
     add("--seed", type=int, default=0, help="the bootstrap's resampling")
     return parser
