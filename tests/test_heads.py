@@ -208,3 +208,39 @@ def test_bad_input_is_one_line_and_writes_nothing(
     found, error = command_error(attention_main, args, capsys)
     assert found == status and message in error, error
     assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "the user's"
+
+
+def imported_models(tmp_path) -> dict:
+    """A timm DINOv2 with 4 registers (made small: 2 blocks, 3 classes) and a transformers ViT
+    (2 blocks, 5 classes), random and perturbed, each as this project loads it."""
+    import timm
+    from test_pretrained import hf_source, perturbed_weights
+
+    from vit.pretrained import _from_timm, load_source
+
+    source = timm.create_model(
+        "vit_small_patch14_reg4_dinov2", pretrained=False, img_size=(28, 28), depth=2, num_classes=3
+    )
+    perturbed_weights(source, tmp_path / "unused.safetensors")
+    _, folder = hf_source(tmp_path, "ViTForImageClassification")
+    return {
+        "timm, registers": _from_timm(source, "small vit_small_patch14_reg4_dinov2").eval(),
+        "transformers": load_source(f"hf:{folder}")[0].eval(),
+    }
+
+
+def test_imported_models_are_analysed_at_the_same_places(tmp_path):
+    """timm's (with registers) and transformers' ViTs, as loaded: the attribution's parts sum to the
+    logit, the logit lens after the last block is the model, and every head has its figures."""
+    for name, model in imported_models(tmp_path).items():
+        torch.manual_seed(0)
+        images = torch.rand(5, 3, *model.image_size)
+        found = record(model, images)
+        targets = found.logits.argmax(-1)
+        parts = attribution(model, found, targets)
+        total = (parts["embeddings"] + parts["heads"].sum((0, 1)) + parts["attention_bias"].sum(0)
+                 + parts["mlp"].sum(0) + parts["constant"])  # fmt: skip
+        torch.testing.assert_close(total, found.logits[torch.arange(5), targets], atol=1e-3, rtol=1e-4)
+        results = analyse(model, images, batch_size=64)
+        assert torch.equal(results["per_image"]["lens"][-1], targets), name
+        assert len(results["ablation"]["mean"]["accuracy"][1]) == model.config.heads, name

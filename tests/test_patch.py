@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import command_error
 from PIL import Image
-from test_heads import one_head_model
+from test_heads import imported_models, one_head_model
 
 from vit.commands import patch as patch_command
 from vit.commands.attention import main as attention_main
@@ -210,3 +210,21 @@ def test_pairs_from_a_csv_patch_the_listed_files_clean_first(
     assert (corrupted[:, :, :, 16:].mean() > 0.4) and (corrupted[:, :, :, :16].mean() < 0.1)
     results = json.loads((out / "patch.json").read_text())
     assert results["num_pairs"] == 3 and results["classes"] == "the predicted classes"
+
+
+def test_imported_models_are_patched_at_the_same_places(tmp_path):
+    """The class token after the last block carries the whole logit difference and no other token
+    any of it (registers included: the head reads the class token alone)."""
+    for name, model in imported_models(tmp_path).items():
+        torch.manual_seed(0)
+        clean, corrupted = torch.rand(6, 3, *model.image_size), torch.rand(6, 3, *model.image_size)
+        classes = (torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long))  # logit 0 - logit 1
+        results = analyse(model, clean, corrupted, classes, batch_size=64, min_gap=1e-3)
+        tokens = results["per_pair"]["tokens"]  # (layers, tokens, pairs)
+        kept = ~tokens[-1, 0].isnan()
+        assert kept.sum() >= 3, name
+        prefix = model.num_prefix_tokens
+        assert tokens.shape[:2] == (2, prefix + model.grid_size[0] * model.grid_size[1]), name
+        torch.testing.assert_close(tokens[-1, 0][kept], torch.ones(int(kept.sum())), atol=1e-4, rtol=0)
+        assert tokens[-1, 1:][:, kept].abs().max() < 1e-4, name
+        assert results["per_pair"]["heads"].shape[:2] == (2, model.config.heads), name
