@@ -1,6 +1,7 @@
 """`vit-attention heads`: which heads does the model use? Each head ablated alone (by its mean and
-by zero), each head's direct contribution to the predicted logit, the logit lens after each block
-and the high-norm tokens of each layer (`vit.heads`).
+by zero), each head's direct contribution to the predicted logit, the logit lens after each block,
+the high-norm tokens of each layer and, where the data knows its evidence, each head's attention
+on it beside its ablation (`vit.heads`).
 
     vit-attention heads --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/heads
     vit-attention heads --ckpt best.ckpt --num_images 128 --norm_ratio 8
@@ -172,8 +173,9 @@ def parser() -> Parser:
             "Which heads does the model use? Each head ablated alone (replaced by its mean over the "
             "images, per token, and by zero): the change in accuracy and in the log-probability of "
             "the predicted class; each head's direct contribution to the predicted logit; the logit "
-            "lens after each block; high-norm tokens per layer. Each with a 95% bootstrap interval "
-            "over images."
+            "lens after each block; high-norm tokens per layer; where the data knows its evidence, "
+            "each head's attention mass on it beside its ablation. Each with a 95% bootstrap "
+            "interval over images."
         ),
     )
     add = parser.add_argument
