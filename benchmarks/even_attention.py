@@ -24,23 +24,23 @@ def predictions(
     model, images: torch.Tensor, layer: int | None = None, head: int | None = None
 ) -> torch.Tensor:
     """The predicted classes, with head `head` of block `layer` attending evenly (None: intact)."""
-    handles = []
-    if layer is not None:
-        attn = model.blocks[layer].attn
-
-        def even(module, args, weights):
-            weights = weights.clone()
-            weights[:, head] = 1.0 / weights.shape[-1]
-            return weights
-
-        attn.fused = False  # the explicit path, where the weights pass through `attend`
-        handles.append(attn.attend.register_forward_hook(even))
-    try:
+    if layer is None:
         with torch.no_grad():
             return torch.cat([model(x).argmax(-1) for x in images.split(250)])
+    attn = model.blocks[layer].attn
+
+    def even(module, args, weights):
+        weights = weights.clone()
+        weights[:, head] = 1.0 / weights.shape[-1]
+        return weights
+
+    fused, attn.fused = attn.fused, False  # the explicit path, where the weights pass through `attend`
+    handle = attn.attend.register_forward_hook(even)
+    try:
+        return predictions(model, images)
     finally:
-        for handle in handles:
-            handle.remove()
+        handle.remove()
+        attn.fused = fused
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     classifier, data = load_checkpoint(args.ckpt)
     model = classifier.model.eval()
-    fused = [block.attn.fused for block in model.blocks]
     images, labels, _ = spread_test_images(data, args.num_images)
     intact = (predictions(model, images) == labels).float()
     print(f"{len(images)} test images; intact top-1 {intact.mean():.4f}")
@@ -61,7 +60,6 @@ def main(argv: list[str] | None = None) -> None:
         for head in range(block.attn.heads):
             correct = (predictions(model, images, layer, head) == labels).float()
             print(f"{layer:<5d} {head:<6d} {as_text(interval(correct - intact))}")
-        block.attn.fused = fused[layer]
 
 
 if __name__ == "__main__":

@@ -262,14 +262,14 @@ def test_explore_page_benchmark_smoke(trained_checkpoint, chromium, tmp_path):
 
 
 def test_the_heads_benchmark_counts_the_passes_analyse_makes():
-    """One intact pass, then per layer its heads beside an intact copy, for each kind of ablation."""
+    """One intact pass, then per layer its heads, both kinds of ablation, beside an intact copy."""
     from benchmarks.heads import needed, passes_per_image
     from vit import ViT
 
     model = ViT(preset="micro", image_size=16, patch_size=4, num_classes=3).eval()
     layers, heads = len(model.blocks), model.config.heads
     made = passes_per_image(model, torch.rand(5, 3, 16, 16), batch_size=64)
-    assert made == 1 + 2 * layers * (heads + 1)
+    assert made == 1 + layers * (2 * heads + 1)
     assert needed(model) == 1 + 2 * layers * heads
 
 
@@ -279,5 +279,54 @@ def test_patching_split_by_evidence_prints_each_share(trained_checkpoint, capsys
     main(["--ckpt", str(trained_checkpoint), "--num-images", "8", "--min-gap", "0.001"])  # a tiny model
     printed = capsys.readouterr().out
     assert printed.startswith("8 pairs; circle patches per pair")
-    for row in ("circle patches, all", "background patches, all", "the largest background patch"):
-        assert re.search(rf"^{row} +-?\d\.\d{{3}} \[", printed, re.M), row
+    blocks = printed.split("after block ")[1:]
+    assert [block.split("\n")[0] for block in blocks] == ["0", "1"]  # the tiny model's two blocks
+    for block in blocks:
+        for row in ("circle patches, all", "background patches, all", "the largest background patch",
+                    "the class token"):  # fmt: skip
+            assert re.search(rf"^  {row} +-?\d\.\d{{3}} \[", block, re.M), row
+    # the head reads the class token alone: after the last block it carries all of it
+    assert re.search(r"^  the class token +1\.000 \[1\.000, 1\.000\]", blocks[-1], re.M)
+
+
+def test_circle_attention_splits_each_heads_attention_and_shows_one_by_offset(trained_checkpoint, capsys):
+    from benchmarks.circle_attention import main
+
+    main(["--ckpt", str(trained_checkpoint), "--num-images", "16", "--head", "1", "0"])
+    printed = capsys.readouterr().out
+    rows = re.findall(r"^(\d) +(\d) +([\d.]+) +([\d.]+) +([\d.]+) +(-?[\d.]+)$", printed, re.M)
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for row in rows:  # itself, the other circle patches, the background, the prefix: all of it
+        assert sum(float(v) for v in row[2:]) == pytest.approx(1.0, abs=2e-3)
+    for kind in ("circle", "background"):
+        table = printed.split(f"{kind} queries: mean attention by offset")[1].split("\n")[1:8]
+        assert all(len(line.split()) == 7 for line in table), table  # offsets -3..3 on a 4x4 grid
+
+
+def test_even_attention_is_a_head_whose_queries_and_keys_are_zero():
+    """Zero queries and keys give every score 0, so the softmax spreads 1/tokens: the same model
+    built that way predicts what `predictions` gives with the head's weights replaced."""
+    import copy
+
+    from benchmarks.even_attention import predictions
+    from vit import ViT
+
+    torch.manual_seed(0)
+    model = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=5).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    images = torch.rand(64, 1, 16, 16)
+    intact = predictions(model, images)
+    for layer, head in ((0, 1), (1, 0)):
+        zeroed = copy.deepcopy(model)
+        dim, d_head = model.config.dim, model.config.dim // model.config.heads
+        with torch.no_grad():
+            for start in (0, dim):  # the head's query rows, then its key rows
+                rows = slice(start + head * d_head, start + (head + 1) * d_head)
+                zeroed.blocks[layer].attn.qkv.weight[rows] = 0
+                zeroed.blocks[layer].attn.qkv.bias[rows] = 0
+        even = predictions(model, images, layer, head)
+        assert torch.equal(even, predictions(zeroed, images))
+        assert not torch.equal(even, intact)  # the replacement did change something
+        assert torch.equal(predictions(model, images), intact)  # and left nothing behind
