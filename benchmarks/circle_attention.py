@@ -44,18 +44,20 @@ def main(argv: list[str] | None = None) -> None:
     circles = patch_evidence(model, data.evidence("test")[indices])  # (B, P)
     prefix, patches = model.num_prefix_tokens, circles.shape[1]
     weights = attention_weights(model, images, batch_size=100)[..., prefix:, :]  # (L, B, H, P queries, T)
-    queries = circles.float()[None, :, None, :, None]
 
+    def over_circles(per_query: torch.Tensor) -> torch.Tensor:
+        """(L, B, H, P queries) -> (L, H): the mean over each image's circle queries, then images."""
+        summed = (per_query * circles[None, :, None].float()).sum(-1)
+        return (summed / circles.sum(1).clamp_min(1)[None, :, None]).mean(1)
+
+    def on_keys(keys: torch.Tensor) -> torch.Tensor:
+        """Each query's attention on the patches `keys` (B, P), no prefix token: (L, B, H, P)."""
+        padded = torch.nn.functional.pad(keys.float(), (prefix, 0))  # (B, T)
+        return (weights * padded[None, :, None, None, :]).sum(-1)
+
+    on_self = over_circles(weights[..., prefix:].diagonal(dim1=-2, dim2=-1))
+    on_circles, on_background = over_circles(on_keys(circles)), over_circles(on_keys(~circles))
     B = len(images)
-    on_self = ((weights[..., :, prefix:] * torch.eye(patches)) * queries).sum((-1, -2))
-    on_self = (on_self / queries.sum((-1, -2)).clamp_min(1)).mean(1)
-    padded = lambda m: torch.cat([torch.zeros(B, prefix), m.float()], 1)[None, :, None, None, :]  # noqa: E731
-    on_circles = (
-        (weights * padded(circles) * queries).sum((-1, -2)) / queries.sum((-1, -2)).clamp_min(1)
-    ).mean(1)
-    on_background = (
-        (weights * padded(~circles) * queries).sum((-1, -2)) / queries.sum((-1, -2)).clamp_min(1)
-    ).mean(1)
     even = ((patches - circles.sum(1)) / (patches - 1)).float().mean().item()
     print(f"{B} test images; circle patches per image {circles.sum(1).float().mean():.1f} of {patches}; "
           f"attention spread evenly over the other patches puts {even:.3f} on the background")  # fmt: skip

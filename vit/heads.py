@@ -305,6 +305,7 @@ def analyse(
         where.setdefault(key, []).append(value.cpu())
 
     # the intact pass: attribution, lens, norms, and the heads' mean outputs for the ablation
+    inked = None if evidence is None else patch_evidence(model, evidence.cpu())  # (N, patches)
     found: dict[str, list] = {}
     head_sums = 0
     for start in wrap(range(0, len(images), batch_size)):
@@ -319,9 +320,8 @@ def analyse(
             keep(found, "patch_lens", patch_lens_logits(model, seen.residual).argmax(-1))
         keep(found, "ratios", norm_ratios(model, seen.residual))
         keep(found, "attention", seen.attention)
-        if evidence is not None:
-            inked = patch_evidence(model, evidence[start : start + batch_size].cpu())
-            for name, values in layers_heads_scores(model, x, inked).items():
+        if inked is not None:
+            for name, values in layers_heads_scores(model, x, inked[start : start + batch_size]).items():
                 if name.endswith("/relevance_mass"):  # (L, H, B)
                     keep(found, f"looks/{name.split('/')[0]}", values)
         head_sums = head_sums + seen.heads.sum(dim=1)
@@ -404,22 +404,22 @@ def analyse(
         },  # fmt: skip
         "per_image": per_image,
     }
-    if evidence is not None:
-        results["evidence"] = looking_against_using(model, evidence, per_image)
+    if inked is not None:
+        results["evidence"] = looking_against_using(inked, per_image)
     if "patch_lens" in per_image:  # (L, N images, patches) -> accuracy per layer and patch
         patch_correct = (per_image["patch_lens"] == truth[None, :, None]).float().mean(1)
         results["logit_lens"]["patches"] = patch_correct.tolist()
     return results
 
 
-def looking_against_using(model: ViT, evidence: torch.Tensor, per_image: dict) -> dict:
-    """Each head's attention mass on the evidence (`looks/query`, `looks/cls` of `per_image`, (L, H,
-    N)) as figures per layer and head, and the rank correlation over all heads of its mean with the
-    mean loss of log-probability under each ablation."""
+def looking_against_using(inked: torch.Tensor, per_image: dict) -> dict:
+    """Each head's attention mass on the evidence patches `inked` (N, patches) (`looks/query`,
+    `looks/cls` of `per_image`, (L, H, N)) as figures per layer and head, and the rank correlation
+    over all heads of its mean with the mean loss of log-probability under each ablation."""
     loss = {kind: -per_image[f"ablation/{kind}/log_probability"].mean(-1).flatten() for kind in ABLATIONS}
     looks = {k.split("/")[1]: v for k, v in per_image.items() if k.startswith("looks/")}
     return {
-        "share": patch_evidence(model, evidence.cpu()).float().mean().item(),
+        "share": inked.float().mean().item(),
         "mass": {name: lh_interval(mass) for name, mass in looks.items()},
         "spearman": {
             name: {kind: spearman(mass.nanmean(-1).flatten(), loss[kind]).item() for kind in ABLATIONS}
