@@ -55,6 +55,18 @@ SMOKE_SPEEDRUN = [
     "--model.vit.conv_stem", "[8, 16, 32]", "--model.compile", "false",
     "--data.init_args.batch_size", "16", "--data.init_args.val_size", "16",
 ]  # fmt: skip
+# benchmarks/throughput.py's runs: the GPU recipe's transformer against its peers (and ours with
+# its stem, the recipe's network, not a peer), the recipe's network compiled as the speedrun
+# compiles it (with and without CUDA graphs), then ViT-S/16 at 224
+THROUGHPUT = {
+    "cifar10_gpu": ["--model", "cifar10_gpu", "--systems", "ours", "ours+stem", "timm", "vit-pytorch",
+                    "--batch", "512"],
+    "cifar10_gpu-compiled": ["--model", "cifar10_gpu", "--systems", "ours+stem", "--batch", "512",
+                             "--compile"],
+    "cifar10_gpu-cudagraphs": ["--model", "cifar10_gpu", "--systems", "ours+stem", "--batch", "512",
+                               "--compile", "reduce-overhead"],
+    "vit-s16": ["--model", "vit-s16", "--batch", "256"],
+}  # fmt: skip
 SMOKE_THROUGHPUT = ["--systems", "ours", "--batch", "2", "--warmup", "1", "--rounds", "1", "--steps", "1"]
 
 
@@ -152,7 +164,26 @@ def read_metrics(run_dir: Path) -> dict:
         epochs=int(last("epoch") or 0) + 1,
         train_minutes=last("time/minutes"),
         compile_seconds=last("time/compile_seconds"),
+        clock_seconds=last("time/seconds"),
+        paused_seconds=last("time/paused_seconds"),
     )
+
+
+def batch_size(config: str, extra: list[str]) -> int:
+    """The training batch of a run of `config` with the overrides `extra`."""
+    import yaml
+
+    if "--data.init_args.batch_size" in extra:
+        return int(extra[extra.index("--data.init_args.batch_size") + 1])
+    return int(yaml.safe_load((ROOT / config).read_text())["data"]["init_args"]["batch_size"])
+
+
+def loop_rate(run: dict, batch: int) -> float | None:
+    """Images a second of the training loop alone: steps x batch over the clock's seconds less the
+    pauses for validation and checkpoints."""
+    if run.get("clock_seconds") is None or run.get("paused_seconds") is None:
+        return None
+    return run["steps"] * batch / max(run["clock_seconds"] - run["paused_seconds"], 1e-9)
 
 
 def eval_top1(out: Path) -> float:
@@ -205,31 +236,19 @@ def step_demo(args, out: Path, data: Path) -> dict:
 
 def step_throughput(args, out: Path, data: Path) -> dict:
     log = out / "logs" / "throughput.log"
-    # the GPU recipe's transformer (and ours with its stem, not a peer), then ViT-S/16 at 224
-    shapes = {
-        "cifar10_gpu": ["--systems", "ours", "ours+stem", "timm", "vit-pytorch", "--batch", "512"],
-        "vit-s16": ["--batch", "256"],
-    }
+    shapes = {name: THROUGHPUT[name] for name in args.throughput}
     timed = ["--precisions", "bf16", "--rounds", "3"]
     if args.smoke:
-        shapes, timed = {"cifar": SMOKE_THROUGHPUT}, ["--precisions", "fp32"]
+        shapes, timed = {"cifar": ["--model", "cifar", *SMOKE_THROUGHPUT]}, ["--precisions", "fp32"]
     commands = [
-        python(
-            "benchmarks/throughput.py",
-            "--model",
-            model,
-            "--json",
-            str(out / f"throughput-{model}.json"),
-            *extra,
-            *timed,
-        )  # fmt: skip
-        for model, extra in shapes.items()
+        python("benchmarks/throughput.py", *extra, "--json", str(out / f"throughput-{name}.json"), *timed)
+        for name, extra in shapes.items()
     ]
     result = run(commands, log, args.timeout)
     result["results"] = {
-        model: json.loads((out / f"throughput-{model}.json").read_text())
-        for model in shapes
-        if (out / f"throughput-{model}.json").is_file()
+        name: json.loads((out / f"throughput-{name}.json").read_text())
+        for name in shapes
+        if (out / f"throughput-{name}.json").is_file()
     }
     return result
 
@@ -245,10 +264,11 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
     runs = {}
     for label, budget in budgets.items():
         extra = [*base, "--trainer.max_time", budget]
-        runs[label] = train_and_eval(
-            f"speedrun-{label}", "configs/cifar10_gpu.yaml", extra, out, args.timeout, tta=True
-        )
+        config = "configs/cifar10_gpu.yaml"
+        runs[label] = train_and_eval(f"speedrun-{label}", config, extra, out, args.timeout, tta=True)
         runs[label]["budget"] = budget
+        if runs[label]["ok"]:
+            runs[label]["loop_images_per_second"] = loop_rate(runs[label], batch_size(config, extra))
     # the model stays one to look inside: its token grid, and where its forward FLOPs go
     model, _ = gpu_recipe_cost.build(ROOT / "configs" / "cifar10_gpu.yaml")
     flops = gpu_recipe_cost.flops_by_part(model, torch.rand(2, 3, 32, 32), train=False)
@@ -320,7 +340,7 @@ def markdown(report: dict) -> str:
             lines.append("```")
     if "speedrun" in steps:
         columns = ["budget", "test top-1", "flip TTA", "val/acc", "steps", "epochs", "training min",
-                   "compile s", "command s"]  # fmt: skip
+                   "paused s", "loop img/s", "compile s", "command s"]  # fmt: skip
         lines += ["", "## Speedrun (configs/cifar10_gpu.yaml)", ""]
         if "model" in steps["speedrun"]:
             grid, flops = steps["speedrun"]["model"]["grid"], steps["speedrun"]["model"]["forward_flops"]
@@ -334,13 +354,15 @@ def markdown(report: dict) -> str:
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for r in steps["speedrun"]["runs"].values():
             if not r["ok"]:
-                lines.append(f"| {r['budget']} | FAILED: {r['why']} |||||||")
+                lines.append(f"| {r['budget']} | FAILED: {r['why']} |" + "|" * (len(columns) - 2))
                 continue
             cells = [r["budget"], fmt(r.get("test_top1"), ".4f"), fmt(r.get("test_top1_tta"), ".4f"),
                      fmt(r.get("val_acc"), ".4f"), r["steps"], r["epochs"],
-                     fmt(r.get("train_minutes"), ".2f"), fmt(r.get("compile_seconds"), ".1f"),
+                     fmt(r.get("train_minutes"), ".2f"), fmt(r.get("paused_seconds"), ".1f"),
+                     fmt(r.get("loop_images_per_second"), ",.0f"), fmt(r.get("compile_seconds"), ".1f"),
                      f"{r['train_wall_seconds']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        lines += loop_against_benchmark(steps)
     if "cnn_peer" in steps:
         peer = steps["cnn_peer"]
         lines += ["", "## CNN peer (airbench94, benchmarks/cnn_peer.py)", ""]
@@ -356,6 +378,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loop_against_benchmark(steps: dict) -> list[str]:
+    """The training loop's images a second against throughput.py's for the same network, batch
+    and precision (compiled, as the speedrun compiles): the loop's goal is 0.95 of it."""
+    results = steps.get("throughput", {}).get("results", {})
+    lines = []
+    for name, result in results.items():
+        rate = result.get("precisions", {}).get("bf16", {}).get("systems", {}).get("ours+stem", {})
+        if "compiled" not in name or "train_ips" not in rate:
+            continue
+        for run in steps["speedrun"]["runs"].values():
+            if loop := run.get("loop_images_per_second"):
+                lines.append(
+                    f"- {run['budget']}: the loop at {loop:,.0f} images/s is {loop / rate['train_ips']:.2f}x "
+                    f"throughput.py's {name} ({rate['train_ips']:,.0f} images/s, bf16)"
+                )
+    return ["", *lines] if lines else []
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -369,6 +409,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="toy sizes and made-up data: seconds, on any device"
     )
+    parser.add_argument(
+        "--throughput", nargs="+", choices=THROUGHPUT, default=list(THROUGHPUT),
+        help="the throughput step's runs (default: all)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600, help="seconds each step may take")
     parser.add_argument(
         "--deadline", type=float, default=None, metavar="SECONDS",

@@ -2,6 +2,10 @@
 that would run code when unpickled, is one line naming the file, exit status 1, nothing written,
 and none of its code runs."""
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import UnsafePayload, command_error, tiny_args
@@ -93,3 +97,45 @@ def test_preparations_of_older_or_broken_checkpoints(trained, tmp_path):
     with pytest.raises(ValueError, match="broken.ckpt does not say how to prepare images") as error:
         load_model(tmp_path / "broken.ckpt")
     assert not isinstance(error.value, UsageError)  # a bad file, not a bad option: exit status 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs a second filesystem (/dev/shm) for TMPDIR")
+def test_a_run_killed_while_it_writes_leaves_last_ckpt_loadable(runs, tmp_path):
+    """kill -9 at several moments of a run that rewrites last.ckpt after every step: each time,
+    last.ckpt loads. The system's temporary folder is put on another filesystem (/dev/shm, as a
+    tmpfs /tmp is on many machines), where a file written there and moved into place is copied,
+    not renamed; a checkpoint must be written beside its target and renamed over it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vit.checkpoint import read_checkpoint
+
+    # a checkpoint of about 40 MB (weights and AdamW's moments) written after every step
+    args = tiny_args(runs, "--last_checkpoint.every_n_train_steps", "1", "--trainer.max_epochs", "1000",
+                     "--model.vit.preset", "s", "--model.vit.depth", "2")  # fmt: skip
+    env = {**os.environ, "TMPDIR": tempfile.mkdtemp(dir="/dev/shm")}
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    for delay in (0.0, 0.05, 0.1, 0.2, 0.35, 0.5):
+        command = [
+            sys.executable,
+            "-m",
+            "vit.commands.train",
+            "fit",
+            *args,
+            "--trainer.logger.init_args.version",
+            "version_0",
+        ]
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not last.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.01)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert last.exists(), "the run wrote no last.ckpt"
+        checkpoint = read_checkpoint(last)  # one line (SystemExit) if truncated
+        assert "state_dict" in checkpoint
+        last.unlink()

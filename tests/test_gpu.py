@@ -142,8 +142,8 @@ def assert_close_tree(a, b, tolerance: float, path: str = "") -> None:
 
 
 def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
-    """From the 3rd to the 10th step of a fit on the GPU (the data held there, augmented there, an
-    EMA of the weights, bf16, logging every 50 steps) nothing waits for the GPU: torch's
+    """From the 3rd to the 10th step of a fit on the GPU (the data held there, augmented and mixed
+    there, an EMA of the weights, bf16, logging every 50 steps) nothing waits for the GPU: torch's
     synchronisation debug mode reports no synchronising call. A failure lists each call with the
     two innermost frames of this project, torchvision or Lightning that made it."""
     import traceback
@@ -165,7 +165,7 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
                 torch.cuda.set_sync_debug_mode("default")
 
     data = CIFAR10(root=str(fake_cifar10(tmp_path / "data", per_class=32)), val_size=32, batch_size=16,
-                   policy="trivial")  # fmt: skip
+                   policy="trivial", mixup_alpha=0.8, cutmix_alpha=1.0)  # fmt: skip
     vit = ViTConfig(preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1])
     model = ViTClassifier(vit=vit, decay="linear")
     trainer = L.Trainer(

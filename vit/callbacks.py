@@ -38,7 +38,9 @@ class TimeBudget(Callback):
     The room kept at the end is 1.5 times the last training step and the longest validation yet;
     checkpoints keep it (`time_reserve_seconds`) beside the Timer's elapsed time, so that a
     resumed run continues the same clock and schedule. After each validation, logs the minutes
-    of training so far as `time/minutes`. Without a budget, progress is by steps alone.
+    of training so far as `time/minutes`; at the end of training, the seconds on the clock
+    (`time/seconds`) and those spent from each validation's start to the next training step
+    (`time/paused_seconds`: validation and checkpoints). Without a budget, progress is by steps alone.
     `Classifier.configure_callbacks` adds one where the trainer has none."""
 
     def __init__(self):
@@ -47,6 +49,8 @@ class TimeBudget(Callback):
         self.seconds = {"validation": 0.0, "step": 0.0}
         self._progress = 0.0  # of the schedule, as the learning rate of the last step read it
         self._started = 0.0  # the clock's reading when the current step or validation began
+        self._paused = 0.0  # seconds from each validation's start to the next step's (this fit)
+        self._pause_began: float | None = None
 
     def budget(self, trainer: L.Trainer) -> float | None:
         """Seconds of training the schedule spans with --trainer.max_time: the budget less room
@@ -70,6 +74,12 @@ class TimeBudget(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self._started = training_timer(trainer).time_elapsed()
+        self._end_pause(self._started)
+
+    def _end_pause(self, now: float) -> None:
+        if self._pause_began is not None:
+            self._paused += now - self._pause_began
+            self._pause_began = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.seconds["step"] = training_timer(trainer).time_elapsed() - self._started
@@ -86,7 +96,17 @@ class TimeBudget(Callback):
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if self._fitting(trainer):
-            self._started = training_timer(trainer).time_elapsed()
+            self._started = self._pause_began = training_timer(trainer).time_elapsed()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # what validations and the checkpoints written after them cost this fit, against the whole
+        # (the logger's last row): on a fast GPU they are the loop's other big cost
+        elapsed = training_timer(trainer).time_elapsed()
+        self._end_pause(elapsed)
+        for logger in trainer.loggers:
+            logger.log_metrics(
+                {"time/paused_seconds": self._paused, "time/seconds": elapsed}, trainer.global_step
+            )
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._fitting(trainer):
@@ -196,7 +216,8 @@ class EMA(WeightAveraging):
     network after training are the average; training goes on from its own weights (Lightning's
     `WeightAveraging` swaps them). The decay warms up as timm's `ModelEmaV3` does,
     min(decay, (1 + t) / (10 + t)) after optimizer step t, so that a short run keeps little of
-    its random start. One multi-tensor lerp a step and nothing read back from the device: torch's
+    its random start. One multi-tensor lerp a step over tensor lists made at the first step, and
+    nothing read back from the device: torch's
     `AveragedModel.update_parameters` reads its step counter from the GPU at every step, a
     synchronisation that would stall a fast GPU loop. Use it with `--trainer.callbacks+=vit.callbacks.EMA`."""
 
@@ -213,20 +234,32 @@ class EMA(WeightAveraging):
             return
         self._latest_update_step = step
         weight = 1 - min(self.decay, (1 + step) / (10 + step))  # of the network's current values
-        module = self._average_model.module
+        average = self._average_model.module
+        if getattr(self, "_pairs", (None,))[0] != (id(average), id(pl_module)):
+            self._pairs = ((id(average), id(pl_module)), *self.pair_up(average, pl_module))
+        _, averages, currents, counters, current_counters = self._pairs
+        torch._foreach_lerp_(averages, currents, weight)
+        if counters:  # counters (BatchNorm's num_batches_tracked) follow the network
+            torch._foreach_copy_(counters, current_counters)
+
+    @staticmethod
+    def pair_up(average: torch.nn.Module, network: torch.nn.Module) -> tuple[list, list, list, list]:
+        """The average's tensors and the network's, in order: floating-point ones (averaged) and
+        counters (copied). Made once and kept: the tensors are updated in place, never replaced."""
+        averages, currents, counters, current_counters = [], [], [], []
         pairs = zip(
-            itertools.chain(module.parameters(), module.buffers()),
-            itertools.chain(pl_module.parameters(), pl_module.buffers()),
+            itertools.chain(average.parameters(), average.buffers()),
+            itertools.chain(network.parameters(), network.buffers()),
             strict=True,
         )
-        averages, currents = [], []
-        for average, current in pairs:
-            if average.is_floating_point():
-                averages.append(average)
-                currents.append(current.detach())
-            else:  # counters (BatchNorm's num_batches_tracked) follow the network
-                average.copy_(current)
-        torch._foreach_lerp_(averages, currents, weight)
+        for mine, theirs in pairs:
+            if mine.is_floating_point():
+                averages.append(mine)
+                currents.append(theirs.detach())
+            else:
+                counters.append(mine)
+                current_counters.append(theirs.detach())
+        return averages, currents, counters, current_counters
 
 
 class EvidenceMass(Callback):

@@ -15,15 +15,19 @@ commands' `--datamodule`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import os
 import pickle
 import re
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from vit import compat
@@ -81,6 +85,32 @@ def _options(cls: type) -> list[str]:
     return [
         p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     ]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written whole or not at all: into a temporary file beside the target, then
+    renamed over it (`os.replace`, atomic within a filesystem), so that a run killed at any
+    moment leaves the previous last.ckpt loadable. Lightning writes its temporary file in the
+    system's temporary folder and moves it into place; where that folder is another filesystem
+    (a tmpfs /tmp), the move is a copy into the target, and a kill during it left a truncated
+    last.ckpt. Paths with a protocol (s3://...) are written as Lightning writes them. vit-train
+    uses it unless the trainer is given another CheckpointIO."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as f:
+                torch.save(checkpoint, f)
+            # no fsync: a killed process loses nothing the kernel holds; a power cut is not covered
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

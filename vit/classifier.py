@@ -31,7 +31,8 @@ def adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     layer_decay: float | None = None,
 ) -> torch.optim.AdamW:
-    """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`.
+    """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`,
+    fused on a GPU and multi-tensor (foreach) elsewhere.
     With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of depth D + 2
     learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest (BEiT's
     layer-wise decay, for fine-tuning)."""
@@ -48,6 +49,9 @@ def adamw(
         groups.setdefault((depth, decays), []).append(p)
     scale = (lambda depth: layer_decay ** (top - depth)) if layer_decay is not None else (lambda depth: 1.0)
     order = sorted(groups, key=lambda key: (key[0], not key[1]))  # by depth, decayed first
+    # one fused kernel for all parameters on a GPU; elsewhere one multi-tensor op at a time
+    # (torch's default on a CPU loops over the parameters in Python)
+    on_gpu = next(model.parameters()).is_cuda
     return torch.optim.AdamW(
         [
             {"params": groups[key], "weight_decay": weight_decay if key[1] else 0.0, "lr": lr * scale(key[0])}
@@ -55,6 +59,8 @@ def adamw(
         ],
         lr=lr,
         betas=betas,
+        fused=on_gpu or None,
+        foreach=None if on_gpu else True,
     )
 
 
@@ -183,13 +189,20 @@ class Classifier(L.LightningModule):
         # cross-entropy takes as they are and accuracy counts against their largest class
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         accuracy(logits, y.argmax(dim=1) if y.ndim == 2 else y)
-        on_step = stage == "train"
-        # epoch-level losses are averaged over all processes; accuracy syncs itself (torchmetrics)
-        self.log(
-            f"{stage}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, sync_dist=not on_step
-        )
+        if stage != "train":  # averaged over all processes; accuracy syncs itself (torchmetrics)
+            self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
+        elif self.logging_step():
+            # a step's loss is read back from the device (a wait for a GPU) where it is logged, so
+            # only on the steps Lightning writes to the logger; accuracy accumulates on the device
+            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         self.log(f"{stage}/acc", accuracy, prog_bar=True, on_step=False, on_epoch=True)
         return loss
+
+    def logging_step(self) -> bool:
+        """Whether the optimizer step under way is one whose figures are logged: the first and
+        every `--trainer.log_every_n_steps`-th (the ones `vit.callbacks.LearningRate` logs)."""
+        step = self.trainer.global_step + 1  # after this step
+        return step == 1 or step % self.trainer.log_every_n_steps == 0
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train", self.train_acc)

@@ -33,7 +33,7 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms import v2
 
 from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder, read_masks
@@ -97,11 +97,31 @@ class InMemory(Dataset):
         images = self.images[index]
         return (images if self.raw else to_float(images)), self.labels[index]
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitems__(self, indices: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(indices)
-        if self.images.is_cuda:  # from pinned memory, the copy does not wait for the GPU
+        if self.images.is_cuda and not index.is_cuda:  # from pinned memory, the copy does not wait
             index = index.pin_memory().to(self.images.device, non_blocking=True)
         return self[index]
+
+
+class ShuffledBatches(Sampler[torch.Tensor]):
+    """The batch sampler of a one-process training loader: the batches of a shuffled epoch, in the
+    order `DataLoader(shuffle=True)` draws them for the same seed, each a slice of one index tensor
+    on the data's `device`. The epoch's order crosses to a GPU once, from pinned memory without
+    waiting, where a list of indices would be built on the host and copied at every step."""
+
+    def __init__(self, size: int, batch_size: int, drop_last: bool, device: torch.device):
+        self.size, self.batch_size, self.drop_last, self.device = size, batch_size, drop_last, device
+
+    def __len__(self) -> int:
+        return self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
+
+    def __iter__(self):
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as RandomSampler draws it
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(seed))
+        if self.device.type == "cuda":
+            order = order.pin_memory().to(self.device, non_blocking=True)
+        yield from order.split(self.batch_size)[: len(self)]
 
 
 def whole_batch(batch):
@@ -109,14 +129,25 @@ def whole_batch(batch):
     return batch
 
 
-def batches(dataset: InMemory, batch_size: int, shuffle: bool = False, num_workers: int = 0) -> DataLoader:
-    """The loader of every data module: whole batches of an `InMemory` split (training drops a
-    last partial batch)."""
+def batches(
+    dataset: InMemory, batch_size: int, shuffle: bool = False, num_workers: int = 0, processes: int = 1
+) -> DataLoader:
+    """The loader of every data module: whole batches of an `InMemory` split (training shuffles
+    and drops a last partial batch). Shuffled in one process, the batches are slices of the
+    epoch's order on the data's device (`ShuffledBatches`); with several, Lightning gives each
+    process its share through a distributed sampler."""
+    drop_last = shuffle and len(dataset) > batch_size
+    if shuffle and processes == 1:
+        order = ShuffledBatches(len(dataset), batch_size, drop_last, dataset.images.device)
+        return DataLoader(
+            dataset, batch_sampler=order, collate_fn=whole_batch, num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+        )  # fmt: skip
     return DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,
-        drop_last=shuffle and len(dataset) > batch_size,
+        drop_last=drop_last,
         collate_fn=whole_batch,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
@@ -166,7 +197,8 @@ class InMemoryDataModule(L.LightningDataModule):
                 split.images, split.labels = split.images.to(device), split.labels.to(device)
 
     def train_dataloader(self) -> DataLoader:
-        return batches(self.training_data(), self.batch_size, True, self.num_workers)
+        processes = self.trainer.world_size if self.trainer is not None else 1
+        return batches(self.training_data(), self.batch_size, True, self.num_workers, processes)
 
     def val_dataloader(self) -> DataLoader:
         return batches(self.split("val"), self.batch_size, num_workers=self.num_workers)

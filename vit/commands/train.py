@@ -28,9 +28,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 
 from vit.callbacks import ModelSummary, ProgressBar
-from vit.checkpoint import read_checkpoint, state_dict_mismatch
+from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
 from vit.errors import DataError, UsageError, one_line
@@ -150,7 +151,8 @@ class ViTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """Lightning's Trainer with our progress bar and model summary (`vit.callbacks`) in place of
-        its defaults, unless the config turns them off or names its own."""
+        its defaults, unless the config turns them off or names its own, and checkpoints written
+        atomically (`AtomicCheckpointIO`) unless it names another CheckpointIO."""
         config = self._get(self.config_init, "trainer", default={})
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
@@ -160,7 +162,11 @@ class ViTCLI(LightningCLI):
         ):
             if config.get(switch) is not False and not any(isinstance(c, kind) for c in callbacks):
                 callbacks.append(ours())
-        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+        plugins = config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())  # a run killed while it writes keeps last.ckpt
+        return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
 
     def instantiate_classes(self) -> None:
         try:
