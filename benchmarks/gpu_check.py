@@ -12,9 +12,12 @@ Steps, each in its own process (a failing step is reported and the next one runs
    recipe's transformer at 32x32 and for ViT-S/16 at 224 (batch 256), each a share of the GPU's
    bf16 matrix-product rate measured in the same run;
 4. speedrun: `configs/cifar10_gpu.yaml` for each budget (2 minutes and 20 s), then vit-eval with
-   and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the compilation
-   before the clock and the whole command's wall time;
-5. cnn_peer: airbench's 94% schedule on the same CIFAR-10 copy and GPU (`benchmarks/cnn_peer.py`).
+   and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the seconds of
+   validation and checkpoints, the loop's images a second (against throughput.py's compiled
+   rate), the compilation before the clock and the whole command's wall time;
+5. sweep: `benchmarks/gpu_sweep.py`, the variants of benchmarks/gpu_sweep.yaml for a few epochs
+   each, several processes sharing the GPU, within the time left;
+6. cnn_peer: airbench's 94% schedule on the same CIFAR-10 copy and GPU (`benchmarks/cnn_peer.py`).
 
 It writes `gpu_report.md` and `gpu_report.json` into `--out`, and each step's output into
 `--out/logs/`. CIFAR-10 comes from `--data`: image folders, torchvision's copy, or a pack made
@@ -42,7 +45,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import 
 from benchmarks.cifar10_pack import fake_cifar10, unpack  # noqa: E402
 from benchmarks.explanations import cpu_name  # noqa: E402
 
-STEPS = ("tests", "demo", "throughput", "speedrun", "cnn_peer")
+STEPS = ("tests", "demo", "throughput", "speedrun", "sweep", "cnn_peer")
 BUDGETS = {"120s": "00:00:02:00", "20s": "00:00:00:20"}
 SMOKE_BUDGETS = {"5s": "00:00:00:05"}
 # toy sizes for --smoke: the same configs and code paths, small enough for a CPU
@@ -55,18 +58,20 @@ SMOKE_SPEEDRUN = [
     "--model.vit.conv_stem", "[8, 16, 32]", "--model.compile", "false",
     "--data.init_args.batch_size", "16", "--data.init_args.val_size", "16",
 ]  # fmt: skip
-# benchmarks/throughput.py's runs: the GPU recipe's transformer against its peers (and ours with
-# its stem, the recipe's network, not a peer), the recipe's network compiled as the speedrun
-# compiles it (with and without CUDA graphs), then ViT-S/16 at 224
+# benchmarks/throughput.py's runs: the GPU recipe's transformer against its peers; the recipe's
+# network itself (ours with its stem, not a peer) eager, compiled as the speedrun compiles it, and
+# compiled with CUDA graphs; ViT-S/16 at 224
+RECIPE = ["--model", "cifar10_gpu", "--systems", "ours+stem", "--batch", "512"]
 THROUGHPUT = {
-    "cifar10_gpu": ["--model", "cifar10_gpu", "--systems", "ours", "ours+stem", "timm", "vit-pytorch",
-                    "--batch", "512"],
-    "cifar10_gpu-compiled": ["--model", "cifar10_gpu", "--systems", "ours+stem", "--batch", "512",
-                             "--compile"],
-    "cifar10_gpu-cudagraphs": ["--model", "cifar10_gpu", "--systems", "ours+stem", "--batch", "512",
-                               "--compile", "reduce-overhead"],
+    "cifar10_gpu": ["--model", "cifar10_gpu", "--systems", "ours", "timm", "vit-pytorch", "--batch", "512"],
+    "recipe": RECIPE,
+    "recipe-compiled": [*RECIPE, "--compile"],
+    "recipe-cudagraphs": [*RECIPE, "--compile", "reduce-overhead"],
     "vit-s16": ["--model", "vit-s16", "--batch", "256"],
-}  # fmt: skip
+}
+# the sweep of benchmarks/gpu_sweep.yaml's variants after the speedrun: about 10 epochs each fit in
+# the two minutes or so a 9-minute call has left, four processes sharing the GPU
+SWEEP = ["--epochs", "10", "--parallel", "4"]
 SMOKE_THROUGHPUT = ["--systems", "ours", "--batch", "2", "--warmup", "1", "--rounds", "1", "--steps", "1"]
 
 
@@ -277,6 +282,20 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
                 seconds=sum(r["seconds"] for r in runs.values()))  # fmt: skip
 
 
+def step_sweep(args, out: Path, data: Path) -> dict:
+    log = out / "logs" / "sweep.log"
+    where = ["--smoke"] if args.smoke else ["--data", str(data), *SWEEP]
+    # its own deadline, before this step's: it stops its variants and writes its table itself
+    deadline = ["--deadline", str(max(args.timeout - 20, 10))]
+    result = run(
+        [python("benchmarks/gpu_sweep.py", "--out", str(out / "sweep"), *where, *deadline)], log, args.timeout
+    )
+    if (out / "sweep" / "sweep.json").is_file():
+        result["results"] = json.loads((out / "sweep" / "sweep.json").read_text())
+        result["table"] = (out / "sweep" / "sweep.md").read_text()
+    return result
+
+
 def step_cnn_peer(args, out: Path, data: Path) -> dict:
     import torch
 
@@ -299,6 +318,7 @@ STEP_FUNCTIONS = {
     "demo": step_demo,
     "throughput": step_throughput,
     "speedrun": step_speedrun,
+    "sweep": step_sweep,
     "cnn_peer": step_cnn_peer,
 }
 
@@ -363,6 +383,8 @@ def markdown(report: dict) -> str:
                      f"{r['train_wall_seconds']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines += loop_against_benchmark(steps)
+    if steps.get("sweep", {}).get("table"):
+        lines += ["", "## Sweep (benchmarks/gpu_sweep.py)", "", *steps["sweep"]["table"].splitlines()[2:]]
     if "cnn_peer" in steps:
         peer = steps["cnn_peer"]
         lines += ["", "## CNN peer (airbench94, benchmarks/cnn_peer.py)", ""]
@@ -385,7 +407,7 @@ def loop_against_benchmark(steps: dict) -> list[str]:
     lines = []
     for name, result in results.items():
         rate = result.get("precisions", {}).get("bf16", {}).get("systems", {}).get("ours+stem", {})
-        if "compiled" not in name or "train_ips" not in rate:
+        if name != "recipe-compiled" or "train_ips" not in rate:
             continue
         for run in steps["speedrun"]["runs"].values():
             if loop := run.get("loop_images_per_second"):
@@ -427,7 +449,11 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])])
     report = dict(command=command, smoke=args.smoke, environment=environment(), steps={})
     print(json.dumps(report["environment"]), flush=True)
-    data = prepare_data(args.data, out, args.smoke) if {"speedrun", "cnn_peer"} & set(args.steps) else None
+    data = (
+        prepare_data(args.data, out, args.smoke)
+        if {"speedrun", "sweep", "cnn_peer"} & set(args.steps)
+        else None
+    )
     for name in args.steps:
         left = None if args.deadline is None else args.deadline - (time.perf_counter() - start)
         print(f"== {name}", flush=True)

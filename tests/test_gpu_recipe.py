@@ -129,10 +129,16 @@ def test_the_gpu_check_runs_every_step_at_toy_size(tmp_path):
     assert 0 < speedrun["train_minutes"] * 60 <= 5 + 2  # the budget, with the last validation's slack
     assert 0 <= speedrun["test_top1"] <= 1 and 0 <= speedrun["test_top1_tta"] <= 1
     assert 0 <= steps["demo"]["test_top1"] <= 1
+    # the loop's rate: steps x batch over the clock less validation and checkpoints
+    assert 0 < speedrun["paused_seconds"] < speedrun["clock_seconds"]
+    rate = speedrun["steps"] * 16 / (speedrun["clock_seconds"] - speedrun["paused_seconds"])
+    assert speedrun["loop_images_per_second"] == pytest.approx(rate)
     (throughput,) = steps["throughput"]["results"].values()
     assert throughput["precisions"]["fp32"]["systems"]["ours"]["train_ips"] > 0
+    sweep = steps["sweep"]["results"]["variants"]
+    assert sweep and all(v["status"] == "ok" for v in sweep.values())
     page = (out / "gpu_report.md").read_text()
-    for heading in ("## pytest -m gpu", "## Demo", "## Throughput", "## Speedrun", "## CNN peer"):
+    for heading in ("## pytest -m gpu", "## Demo", "## Throughput", "## Speedrun", "## Sweep", "## CNN peer"):
         assert heading in page
     assert math.isfinite(report["seconds"])
 

@@ -103,10 +103,9 @@ class TimeBudget(Callback):
         # (the logger's last row): on a fast GPU they are the loop's other big cost
         elapsed = training_timer(trainer).time_elapsed()
         self._end_pause(elapsed)
-        for logger in trainer.loggers:
-            logger.log_metrics(
-                {"time/paused_seconds": self._paused, "time/seconds": elapsed}, trainer.global_step
-            )
+        times = {"time/paused_seconds": self._paused, "time/seconds": elapsed}
+        for logger in trainer.loggers:  # in the last step's row (Lightning counts rows from 0)
+            logger.log_metrics(times, max(trainer.global_step - 1, 0))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._fitting(trainer):

@@ -1,0 +1,79 @@
+"""benchmarks/gpu_sweep.py at toy size on the CPU: variants trained at once into one table, a
+deadline that stops the sweep, and a bad variants file as one line."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from benchmarks import gpu_sweep
+
+TWO = 'recipe: []\nno_policy: ["--data.init_args.policy", "none"]\n'
+
+
+def test_a_smoke_sweep_trains_two_variants_at_once_into_one_table(tmp_path):
+    (tmp_path / "v.yaml").write_text(TWO)
+    out = tmp_path / "sweep"
+    gpu_sweep.main(["--smoke", "--variants", str(tmp_path / "v.yaml"), "--parallel", "2", "--out", str(out)])
+    report = json.loads((out / "sweep.json").read_text())
+    variants = report["variants"]
+    assert list(variants) == ["recipe", "no_policy"] and report["parallel"] == 2
+    for name, r in variants.items():
+        assert r["status"] == "ok", (name, r["why"])
+        assert set(r["val_acc_by_epoch"]) == {"0"} and r["val_acc"] == r["val_acc_by_epoch"]["0"]
+        assert 0 <= r["test_top1"] <= 1
+        assert r["steps"] == 4 and r["epochs"] == 1 and r["batch_size"] == 16  # 64 images of 80 train
+        assert r["images_per_second"] > 0 and r["wall_seconds"] > r["train_seconds"] > 0
+        assert r["paused_seconds"] >= 0 and r["checkpoint"].endswith("checkpoints/last.ckpt")
+        assert "--trainer.max_epochs 1 --trainer.max_time null" in r["commands"][0]
+        assert (out / "logs" / f"{name}.log").is_file()
+    assert variants["recipe"]["commands"][0].endswith("--trainer.logger.init_args.version version_0")
+    assert variants["no_policy"]["commands"][0].endswith("version_0 --data.init_args.policy none")
+    assert variants["recipe"]["commands"][1].endswith(f"--out {out / 'eval' / 'recipe'}")
+    assert "--model.vit.conv_stem '[8, 16, 32]'" in variants["recipe"]["commands"][0]  # quoted for a shell
+    page = (out / "sweep.md").read_text()
+    assert "**up to 2 at once on one " in page
+    for name in variants:
+        assert page.count(f"| {name} | ") == 2  # the table and val/acc by epoch
+
+
+def test_a_deadline_stops_the_running_variant_and_leaves_the_next_unstarted(tmp_path):
+    (tmp_path / "v.yaml").write_text(TWO)
+    out = tmp_path / "sweep"
+    argv = ["--smoke", "--variants", str(tmp_path / "v.yaml"), "--parallel", "1", "--deadline", "3"]
+    report = gpu_sweep.main([*argv, "--out", str(out)])
+    assert report["seconds"] < 3 + 15  # the deadline, and SIGTERM's wait at most
+    first, second = report["variants"]["recipe"], report["variants"]["no_policy"]
+    assert first["status"] == "stopped" and first["why"] == "at the 3 s deadline"
+    assert second["status"] == "not started"
+    page = (out / "sweep.md").read_text()
+    assert "| recipe | stopped: at the 3 s deadline |" in page
+    assert "| no_policy | not started | - |" in page
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "no such file"),
+        ("recipe: [", "is not YAML"),
+        ("- recipe\n- lr", "must map each variant's name to a list of overrides"),
+        ("lr: --model.lr 0.1\n", "lr: give a list of strings"),
+        ('lr: ["--model.lr", 0.1]\n', "lr: give a list of strings (quote numbers)"),
+        ('"a b": []\n', "the name 'a b' must be"),
+    ],
+)
+def test_a_bad_variants_file_is_one_line(tmp_path, text, message):
+    path = tmp_path / "v.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit, match=re.escape(message)) as error:
+        gpu_sweep.main(["--smoke", "--variants", str(path), "--out", str(tmp_path / "out")])
+    assert str(error.value).startswith("error: ") and "\n" not in str(error.value)
+
+
+def test_without_smoke_the_sweep_needs_data(tmp_path):
+    (tmp_path / "v.yaml").write_text(TWO)
+    with pytest.raises(SystemExit, match="--data is needed without --smoke"):
+        gpu_sweep.main(["--variants", str(tmp_path / "v.yaml"), "--out", str(tmp_path / "out")])
