@@ -92,3 +92,24 @@ def test_vit_train_resumes_an_old_checkpoint(case, tmp_path):
     assert cli.trainer.global_step == 5  # two steps after the three of the fixture
     (last,) = Path(tmp_path).glob("*/*/checkpoints/last.ckpt")
     assert read_checkpoint(last)["global_step"] == 5
+
+
+def test_a_checkpoint_whose_data_module_had_policy_groups_builds_it(trained_checkpoint, tmp_path):
+    """Image data modules' checkpoints recorded `policy_groups` (a policy drew one operation per
+    group of the batch) until each image drew its own: the option is dropped when read."""
+    from tests.helpers import make_folders
+    from vit.checkpoint import load_checkpoint
+    from vit.datamodules import ImageFolders
+
+    ckpt = torch.load(trained_checkpoint, weights_only=True)
+    root = make_folders(tmp_path / "images", classes=("ant", "bee", "cat", "dog"))
+    ckpt["datamodule_hyper_parameters"] = {
+        "_class_path": "vit.datamodules.ImageFolders", "root": str(root), "image_size": 32, "channels": 1,
+        "classes": ["ant", "bee", "cat", "dog"], "policy": "trivial", "policy_groups": 16,
+    }  # fmt: skip
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    with pytest.raises(TypeError, match="policy_groups"):
+        ImageFolders(**{k: v for k, v in ckpt["datamodule_hyper_parameters"].items() if k != "_class_path"})
+    _, data = load_checkpoint(old)
+    assert isinstance(data, ImageFolders) and data.policy is not None

@@ -302,9 +302,7 @@ def test_crop_and_flip_draw_per_sample():
 
 @pytest.mark.parametrize("policy", ["none", "trivial", "randaugment"])
 def test_batched_augmentation_keeps_shapes_and_labels(tmp_path, policy):
-    data = ImageFolders(
-        str(make_folders(tmp_path)), image_size=16, val_size=2, policy=policy, policy_groups=4
-    )
+    data = ImageFolders(str(make_folders(tmp_path)), image_size=16, val_size=2, policy=policy)
     labels = torch.arange(32) % 3
     batch = ((labels + 1) * 60).to(torch.uint8)[:, None, None, None].expand(32, 3, 16, 16).contiguous()
     x, y = data.augment(batch, labels)

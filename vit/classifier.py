@@ -201,6 +201,8 @@ class Classifier(L.LightningModule):
     def logging_step(self) -> bool:
         """Whether the optimizer step under way is one whose figures are logged: the first and
         every `--trainer.log_every_n_steps`-th (the ones `vit.callbacks.LearningRate` logs)."""
+        if self._trainer is None:  # a step called outside a fit
+            return True
         step = self.trainer.global_step + 1  # after this step
         return step == 1 or step % self.trainer.log_every_n_steps == 0
 

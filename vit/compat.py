@@ -10,6 +10,10 @@ New checkpoints carry `vit_format` and export folders' config.json `format_versi
 - data modules were recorded under the modules' old names (`vit.data`, `vit.images`);
 - the learning-rate schedule was a SequentialLR (LinearLR then CosineAnnealingLR); now one LambdaLR
   of the same rates.
+
+Within a version, an option that no longer exists is dropped from a checkpoint's data module
+(`REMOVED_DATA_OPTIONS`): the image data modules' `policy_groups` (a policy drew one operation per
+group of the batch; each image draws its own now).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ CLASS_PATHS = {
     "vit.images.ImageFolders": "vit.datamodules.ImageFolders",
     "vit.images.FashionMNIST": "vit.datamodules.FashionMNIST",
 }
+
+REMOVED_DATA_OPTIONS = ("policy_groups",)
 
 VIT_OPTIONS = {f for f in ViTConfig.__dataclass_fields__}
 # The data facts stay ViTClassifier's own arguments too (vit-train links them from the data).
@@ -93,6 +99,8 @@ def checkpoint(ckpt: dict) -> dict:
         data = ckpt.get("datamodule_hyper_parameters")
         if data and data.get("_class_path") in CLASS_PATHS:
             data["_class_path"] = CLASS_PATHS[data["_class_path"]]
+    for option in REMOVED_DATA_OPTIONS:
+        (ckpt.get("datamodule_hyper_parameters") or {}).pop(option, None)
     ckpt["lr_schedulers"] = [scheduler_state(s) for s in ckpt.get("lr_schedulers", [])]
     ckpt[CHECKPOINT_KEY] = FORMAT_VERSION
     return ckpt

@@ -34,8 +34,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision.transforms import v2
 
+from vit.augment import POLICIES, mix
 from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder, read_masks
 from vit.errors import DataError, DataNotFoundError, one_line, require
 from vit.preparation import Preparation, to_float
@@ -49,7 +49,6 @@ FASHION_MNIST_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 FASHION_MNIST_NAMES = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
-POLICIES = {"trivial": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
@@ -234,8 +233,7 @@ class ImageDataModule(InMemoryDataModule):
         seed: int = 0,  # draws the held-out validation images
         crop_padding: int = 4,  # random crops of the image padded by this many zero pixels; 0: none
         flip: bool = True,  # random horizontal flips
-        policy: Literal["none", "trivial", "randaugment"] = "none",
-        policy_groups: int = 16,  # a policy draws one operation per group of the batch
+        policy: Literal["none", "trivial", "randaugment"] = "none",  # each image draws its own operation
         mixup_alpha: float = 0.0,  # 0: no MixUp
         cutmix_alpha: float = 0.0,  # 0: no CutMix; with both, each batch uses one of the two
         num_workers: int = 0,  # whole-batch indexing of a tensor in memory needs no workers
@@ -245,7 +243,6 @@ class ImageDataModule(InMemoryDataModule):
         require(
             policy in ("none", *POLICIES), f"unknown policy {policy!r}; choose none, {', '.join(POLICIES)}"
         )
-        require(policy_groups >= 1, f"policy_groups={policy_groups} must be at least 1")
         require(mixup_alpha >= 0 and cutmix_alpha >= 0, "mixup_alpha and cutmix_alpha must be >= 0")
         valid_fraction = isinstance(val_size, float) and 0 < val_size < 1
         require(
@@ -260,14 +257,9 @@ class ImageDataModule(InMemoryDataModule):
         self.image_size = height if height == width else (height, width)
         self.in_channels = preparation.channels
         self.val_size, self.seed = val_size, seed
-        self.crop_padding, self.flip, self.policy_groups = crop_padding, flip, policy_groups
-        self.policy = POLICIES[policy]() if policy != "none" else None
-        mixes = [
-            mix(alpha=alpha, num_classes=self.num_classes)
-            for mix, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha))
-            if alpha > 0
-        ]
-        self.mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
+        self.crop_padding, self.flip = crop_padding, flip
+        self.policy = POLICIES.get(policy)
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
 
     @classmethod
     def preparation_for(cls, hparams: dict) -> Preparation:
@@ -305,16 +297,12 @@ class ImageDataModule(InMemoryDataModule):
         in [0, 1], and the labels: (B,) class indices, or (B, num_classes) probabilities when MixUp
         or CutMix is on.
 
-        Crops and flips draw per image. A torchvision v2 policy draws one operation and magnitude
-        per call, for the whole tensor it is given, so it is applied to `policy_groups` groups of
-        the batch separately: images of a group share a draw, different groups do not."""
+        Every random choice is made per image, on the images' device (`vit.augment`): crops and
+        flips, and a policy's operation and magnitude. MixUp or CutMix then mixes the batch."""
         images = random_crop_flip(images, self.crop_padding, self.flip)
         if self.policy is not None:
-            images = torch.cat([self.policy(group) for group in images.chunk(self.policy_groups)])
-        images = to_float(images)
-        if self.mix is not None:
-            images, labels = self.mix(images, labels)
-        return images, labels
+            images = self.policy(images)
+        return mix(to_float(images), labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.training:

@@ -1,0 +1,146 @@
+"""Batched augmentation (vit/augment.py): each operation as torchvision computes it on one image,
+a draw per image, the same work whatever the batch, nothing that would wait for a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from syncs import WouldWait
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vit.augment import BINS, OPS, SIGNED, apply, magnitudes, mix, rand_augment, trivial_augment
+from vit.datamodules import random_crop_flip
+
+
+def images(n: int = 6, channels: int = 3, size: int = 32, seed: int = 0) -> torch.Tensor:
+    """Photos' statistics matter for equalize and autocontrast: smooth gradients plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    ramp = torch.linspace(0, 1, size)
+    base = 40 + 150 * (ramp[None, :] * ramp[:, None])
+    noise = torch.randint(0, 60, (n, channels, size, size), generator=g)
+    return (base + noise).clamp(0, 255).to(torch.uint8)
+
+
+def torchvision_op(image: torch.Tensor, name: str, m: float) -> torch.Tensor:
+    """torchvision's TrivialAugment/RandAugment operation on one image at magnitude m."""
+    from torchvision.transforms.v2 import TrivialAugmentWide
+
+    return TrivialAugmentWide()._apply_image_or_video_transform(
+        image, name, m, interpolation=TF.InterpolationMode.NEAREST, fill={type(image): None}
+    )
+
+
+def compare(policy: str, name: str, bins=(0, 7, 15, 30), channels: int = 3) -> None:
+    x = images(channels=channels)
+    table = magnitudes(policy, 32, 32)[OPS.index(name)]
+    for b in bins:
+        for sign in (1, -1) if name in SIGNED else (1,):
+            m = sign * float(table[b])
+            op = torch.full((len(x),), OPS.index(name))
+            ours = apply(x, op, torch.full((len(x),), m, dtype=torch.float64))
+            theirs = torch.stack([torchvision_op(image, name, m) for image in x])
+            assert torch.equal(ours, theirs), (name, m, (ours != theirs).float().mean().item())
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_each_trivial_augment_operation_is_torchvisions(name):
+    compare("trivial", name)
+
+
+@pytest.mark.parametrize("name", ["ShearX", "TranslateY", "Rotate", "Posterize", "Color", "Contrast"])
+def test_each_operation_on_grayscale_images_too(name):
+    compare("trivial", name, bins=(10, 30), channels=1)
+
+
+@pytest.mark.parametrize("name", ["ShearX", "TranslateX", "TranslateY", "Rotate", "Posterize", "Brightness"])
+def test_randaugment_magnitudes_are_torchvisions(name):
+    from torchvision.transforms.v2 import RandAugment
+
+    space = RandAugment._AUGMENTATION_SPACE[name][0](BINS, 32, 32)
+    torch.testing.assert_close(magnitudes("randaugment", 32, 32)[OPS.index(name)], space.double())
+    compare("randaugment", name, bins=(9,))
+
+
+def test_each_image_draws_its_own_operation():
+    torch.manual_seed(0)
+    x = images(n=1).expand(512, -1, -1, -1).contiguous()
+    out = trivial_augment(x)
+    distinct = {bytes(image.flatten().tolist()) for image in out}
+    assert len(distinct) > 100  # 14 operations x 31 bins x 2 signs, drawn image by image
+    counts = torch.bincount(torch.randint(len(OPS), (14000,)), minlength=len(OPS))
+    assert counts.min() > 800  # the draw itself is uniform (a sanity bound for the generator)
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    twice = rand_augment(x)
+    assert twice.dtype == torch.uint8 and len({bytes(i.flatten().tolist()) for i in twice}) > 100
+
+
+class Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("policy", [trivial_augment, rand_augment])
+def test_the_same_operations_run_for_any_batch_and_any_draw(policy):
+    runs = []
+    for batch, seed in ((64, 0), (512, 1)):
+        torch.manual_seed(seed)
+        with Count() as count:
+            policy(images(n=batch))
+        runs.append(count.ops)
+    assert runs[0] == runs[1]
+
+
+def test_nothing_would_wait_for_a_gpu():
+    x, labels = images(n=16), torch.randint(10, (16,))
+    with WouldWait([x, labels]) as watch:
+        out = random_crop_flip(x, 4, True)
+        out = rand_augment(trivial_augment(out))
+        for mixup, cutmix in ((0.8, 0.0), (0.0, 1.0), (0.8, 1.0)):
+            mix(out.float() / 255, labels, 10, mixup, cutmix)
+    assert not watch.waits, dict(watch.waits)
+
+
+def test_mixup_is_the_stated_convex_combination():
+    torch.manual_seed(0)
+    x, labels = torch.rand(8, 3, 4, 4), torch.arange(8) % 10
+    mixed, probs = mix(x, labels, 10, mixup_alpha=0.8, cutmix_alpha=0.0)
+    lam = probs[0, labels[0]].item()  # the image's own class keeps weight lam
+    torch.testing.assert_close(mixed, lam * x + (1 - lam) * x.roll(1, 0))
+    torch.testing.assert_close(probs.sum(1), torch.ones(8))
+    assert probs[0, labels[7]].item() == pytest.approx(1 - lam)
+
+
+def test_cutmix_labels_weigh_the_box_by_its_area():
+    torch.manual_seed(1)
+    x, labels = torch.rand(8, 3, 32, 32), torch.arange(8)
+    for _ in range(5):
+        mixed, probs = mix(x, labels, 10, mixup_alpha=0.0, cutmix_alpha=1.0)
+        pasted = (mixed != x).any(1).float().mean((-2, -1))  # share of pixels from the rolled image
+        torch.testing.assert_close(probs[:, labels].diagonal(), 1 - pasted, atol=1e-6, rtol=0)
+        torch.testing.assert_close(probs.sum(1), torch.ones(8))
+
+
+def test_no_mixing_keeps_images_and_labels():
+    x, labels = torch.rand(4, 3, 8, 8), torch.arange(4)
+    assert mix(x, labels, 10, 0.0, 0.0) == (x, labels)
+
+
+def test_the_magnitude_tables_are_torchvisions():
+    from torchvision.transforms.v2 import TrivialAugmentWide
+
+    for i, name in enumerate(OPS):
+        space = TrivialAugmentWide._AUGMENTATION_SPACE[name][0](BINS, 32, 32)
+        expected = torch.zeros(BINS, dtype=torch.float64) if space is None else space.double()
+        torch.testing.assert_close(magnitudes("trivial", 32, 32)[i], expected, msg=name)
+        assert (name in SIGNED) == TrivialAugmentWide._AUGMENTATION_SPACE[name][1]
+    assert math.isclose(
+        magnitudes("randaugment", 32, 64)[OPS.index("TranslateX")][-1], 150 / 331 * 64, rel_tol=1e-6
+    )
