@@ -265,7 +265,7 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
 
     base = ["--data.init_args.root", str(data), "--data.init_args.download", "false"]
     base += SMOKE_SPEEDRUN if args.smoke else []
-    budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
+    budgets = SMOKE_BUDGETS if args.smoke else {label: BUDGETS[label] for label in args.budgets}
     runs = {}
     for label, budget in budgets.items():
         extra = [*base, "--trainer.max_time", budget]
@@ -434,6 +434,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--throughput", nargs="+", choices=THROUGHPUT, default=list(THROUGHPUT),
         help="the throughput step's runs (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--budgets", nargs="+", choices=BUDGETS, default=list(BUDGETS),
+        help="the speedrun's time budgets, in this order (default: all)",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600, help="seconds each step may take")
     parser.add_argument(

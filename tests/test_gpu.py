@@ -190,6 +190,7 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert data.splits["train"].images.is_cuda  # held on the GPU
+    print("\n".join(sorted(set(syncs))))  # whole: pytest shortens a long assertion message
     assert not syncs, sorted(set(syncs))
 
 

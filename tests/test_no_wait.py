@@ -41,20 +41,26 @@ def test_the_checker_sees_each_kind_of_wait_and_nothing_on_the_host():
 
 
 class WatchSteps(Callback):
-    """Records what would wait for a GPU from the end of the 3rd training step to the start of
-    the 11th: 8 whole iterations (loading, augmentation, forward, backward, optimizer, EMA,
-    logging), none a logging step."""
+    """Follows the tensors a GPU would hold from the start of training, and records what would
+    wait for it from the end of the 3rd training step to the start of the 11th: 8 whole iterations
+    (loading, augmentation, forward, backward, optimizer, EMA, logging), none a logging step.
+    Following from the start matters: a value computed at the first step and read back later
+    (Lightning shows a logged value in the progress bar at every step) waits for the GPU too."""
 
     def __init__(self):
         self.watch = None
 
+    def on_train_start(self, trainer, pl_module):
+        self.watch = WouldWait(training_tensors(trainer))
+        self.watch.on = False
+        self.watch.__enter__()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if batch_idx == 2:
-            self.watch = WouldWait(training_tensors(trainer))
-            self.watch.__enter__()
+        self.watch.on = batch_idx >= 2
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx == 10:
+            self.watch.on = False
             self.watch.__exit__(None, None, None)
 
 

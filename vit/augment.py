@@ -6,7 +6,9 @@ torchvision's operations and magnitudes (`torchvision.transforms.v2`), then MixU
 Why by hand: torchvision's v2 policies draw one operation and magnitude for the whole tensor they
 are given, and some of their kernels make a CUDA host wait (autocontrast indexes with a boolean
 mask, shear and sharpness build small tensors from Python lists; MixUp's one-hot checks its
-labels' range). kornia 0.9's `TrivialAugment` draws one sub-policy per batch as well. Here every
+labels' range). kornia 0.9's `kornia.augmentation.auto.TrivialAugment` draws one sub-policy per
+call for the whole batch (only the magnitude per image, over RandAugment's ranges rather than the
+Wide ones), though it selects images with `torch.where` blends, not boolean masks. Here every
 image draws its operation, magnitude and sign on the device; every operation is computed for the
 whole batch and each image keeps its own result (`torch.where`); the geometric ones are one
 warp with a matrix per image. So a batch costs the same fixed sequence of kernels whatever was
@@ -16,6 +18,7 @@ operation against torchvision's on single images, and that nothing would wait fo
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,16 +27,17 @@ from torchvision.transforms.v2.functional import equalize
 
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
        "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")  # fmt: skip
-GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
-SIGNED = GEOMETRIC + ("Brightness", "Color", "Contrast", "Sharpness")
+GEOMETRIC = OPS[1:6]
+SIGNED = OPS[1:10]  # ShearX to Sharpness: a range of indices, so a draw tests it without a lookup table
 BINS = 31  # magnitude bins, as torchvision's
 
 
-def magnitudes(policy: str, height: int, width: int) -> torch.Tensor:
-    """(len(OPS), BINS) float64: each operation's magnitude by bin, torchvision's table for
-    `policy` ("trivial" or "randaugment"); 0 for operations without one."""
+def magnitudes(policy: str, height: int, width: int, device=None) -> torch.Tensor:
+    """(len(OPS), BINS) float64 on `device`: each operation's magnitude by bin, torchvision's table
+    for `policy` ("trivial" or "randaugment"); 0 for operations without one. Made there, not
+    copied from the host: a copy from pageable memory makes a CUDA host wait."""
     wide = policy == "trivial"
-    line = lambda top: torch.linspace(0.0, top, BINS)  # noqa: E731 (float32, as torchvision's)
+    line = lambda top, start=0.0: torch.linspace(start, top, BINS, device=device)  # noqa: E731 (float32, as torchvision's)
     colour = line(0.99 if wide else 0.9)
     table = {
         "ShearX": line(0.99 if wide else 0.3),
@@ -42,10 +46,10 @@ def magnitudes(policy: str, height: int, width: int) -> torch.Tensor:
         "TranslateY": line(32.0 if wide else 150.0 / 331.0 * height),
         "Rotate": line(135.0 if wide else 30.0),
         "Brightness": colour, "Color": colour, "Contrast": colour, "Sharpness": colour,
-        "Posterize": (8 - (torch.arange(BINS) / ((BINS - 1) / (6 if wide else 4)))).round(),
-        "Solarize": torch.linspace(1.0, 0.0, BINS),
+        "Posterize": (8 - (torch.arange(BINS, device=device) / ((BINS - 1) / (6 if wide else 4)))).round(),
+        "Solarize": line(0.0, start=1.0),
     }  # fmt: skip
-    return torch.stack([table.get(op, torch.zeros(BINS)).double() for op in OPS])
+    return torch.stack([table.get(op, torch.zeros(BINS, device=device)).double() for op in OPS])
 
 
 def draw(policy: str, batch: int, height: int, width: int, device, bin: int | None = None):
@@ -54,10 +58,29 @@ def draw(policy: str, batch: int, height: int, width: int, device, bin: int | No
     equal chance for the signed operations."""
     op = torch.randint(len(OPS), (batch,), device=device)
     bins = torch.randint(BINS, (batch,), device=device) if bin is None else torch.full_like(op, bin)
-    table = magnitudes(policy, height, width).to(device)
-    signed = torch.tensor([o in SIGNED for o in OPS], device=device)[op]
-    flip = signed & (torch.rand(batch, device=device) <= 0.5)
+    table, signed = on_device(policy, height, width, device)
+    flip = signed[op] & (torch.rand(batch, device=device) <= 0.5)
     return op, torch.where(flip, -table[op, bins], table[op, bins])
+
+
+@functools.cache
+def on_device(policy: str, height: int, width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The magnitude table and the signed operations, copied to `device` once: a copy from the
+    host at every step would make it wait for a GPU."""
+    signed = torch.tensor([op in SIGNED for op in OPS])
+    return magnitudes(policy, height, width).to(device), signed.to(device)
+
+
+@functools.cache
+def grid_constants(height: int, width: int, channels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Made once a device: torchvision's pixel-centre grid (1, H, W, 3) and its scale, and the
+    sharpness kernel (1s round a 5, /13)."""
+    base = torch.ones(1, height, width, 3)
+    base[..., 0] = torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, width)
+    base[..., 1] = torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, height)[:, None]
+    scale = torch.tensor([0.5 * width, 0.5 * height])
+    kernel = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
+    return base.to(device), scale.to(device), kernel.expand(channels, 1, 3, 3).contiguous().to(device)
 
 
 def trivial_augment(images: torch.Tensor) -> torch.Tensor:
@@ -116,9 +139,8 @@ def blend(x: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.T
 
 def sharpen(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """torchvision's sharpness: the inner pixels blended with a 3x3 smoothing (1s round a 5, /13)."""
-    channels = x.shape[1]
-    kernel = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], device=x.device) / 13.0
-    blurred = F.conv2d(x, kernel.expand(channels, 1, 3, 3), groups=channels).round_()
+    kernel = grid_constants(*x.shape[-2:], x.shape[1], x.device)[2]
+    blurred = F.conv2d(x, kernel, groups=x.shape[1]).round_()
     out = x.clone()
     inner = out[..., 1:-1, 1:-1]
     inner.addcmul_(blurred - inner, (1.0 - factor).float())
@@ -160,11 +182,7 @@ def warp(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """uint8 images sampled (nearest, zeros outside) at theta's map of each output pixel centre,
     as torchvision's `_affine_grid` and `_apply_grid_transform` do for one image."""
     height, width = images.shape[-2:]
-    device = images.device
-    base = torch.ones(1, height, width, 3, device=device)
-    base[..., 0] = torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, width, device=device)
-    base[..., 1] = torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, height, device=device)[:, None]
-    scale = torch.tensor([0.5 * width, 0.5 * height], device=device)
+    base, scale, _ = grid_constants(height, width, images.shape[1], images.device)
     grid = base.view(1, -1, 3).expand(len(images), -1, -1).bmm(theta.transpose(1, 2) / scale)
     sampled = F.grid_sample(images.float(), grid.view(-1, height, width, 2), mode="nearest",
                             padding_mode="zeros", align_corners=False)  # fmt: skip

@@ -143,7 +143,7 @@ class LearningRate(Callback):
         step = trainer.global_step
         if trainer.lr_scheduler_configs and (step == 1 or step % trainer.log_every_n_steps == 0):
             lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[-1]
-            pl_module.log("train/lr", lr, prog_bar=True, on_step=True, on_epoch=False)
+            pl_module.log("train/lr", lr, on_step=True, on_epoch=False)  # ProgressBar shows it
 
 
 class ProgressBar(RichProgressBar):
@@ -151,7 +151,24 @@ class ProgressBar(RichProgressBar):
     limit, `Epoch 17` without one (Lightning printed `Epoch 17/-2` for `max_epochs: -1`), and the
     minutes left of a time budget at the epoch's start; the learning rate in scientific notation
     (3 decimals showed 3e-05 as 0.000) and no `v_num` (the run's version, cut to its last 4
-    characters: `rain` for a run named `train`)."""
+    characters: `rain` for a run named `train`). The step's loss and learning rate, logged without
+    `prog_bar` (Lightning would read a device value back at every step to show it), are shown from
+    the last logged values, read from the device (a wait for a GPU) only when the bar is drawn,
+    every `refresh_rate` steps."""
+
+    STEP_FIGURES = ("train/loss", "train/lr")
+    _reading = True  # whether the figures are read now
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._reading = (batch_idx + 1) % max(self.refresh_rate, 1) == 0
+        try:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            self._reading = True
+
+    def _update_metrics(self, trainer, pl_module) -> None:
+        if self._reading:
+            super()._update_metrics(trainer, pl_module)
 
     def _get_train_description(self, current_epoch: int) -> str:
         description = f"Epoch {current_epoch}"
@@ -166,6 +183,8 @@ class ProgressBar(RichProgressBar):
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
+        logged = trainer.callback_metrics
+        metrics.update({key: float(logged[key]) for key in self.STEP_FIGURES if key in logged})
         return {k: f"{v:.2e}" if k.endswith("/lr") else v for k, v in metrics.items()}
 
 

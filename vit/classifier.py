@@ -193,8 +193,10 @@ class Classifier(L.LightningModule):
             self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
         elif self.logging_step():
             # a step's loss is read back from the device (a wait for a GPU) where it is logged, so
-            # only on the steps Lightning writes to the logger; accuracy accumulates on the device
-            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+            # only on the steps Lightning writes to the logger; accuracy accumulates on the device.
+            # Not prog_bar: Lightning would read the last logged value back at every step
+            # (`vit.callbacks.ProgressBar` shows it, read when the bar is drawn)
+            self.log("train/loss", loss, on_step=True, on_epoch=False)
         self.log(f"{stage}/acc", accuracy, prog_bar=True, on_step=False, on_epoch=True)
         return loss
 
