@@ -196,6 +196,8 @@ def eval_top1(out: Path) -> float:
 
 
 def train_and_eval(name: str, config: str, extra: list[str], out: Path, timeout: float, tta: bool) -> dict:
+    """Train `config` and evaluate its best checkpoint (with flip TTA too), within `timeout`
+    seconds for the whole: evaluation gets what training left."""
     runs = out / "runs"
     run_dir = runs / name / "version_0"
     ckpt = run_dir / "checkpoints" / "best.ckpt"
@@ -212,7 +214,8 @@ def train_and_eval(name: str, config: str, extra: list[str], out: Path, timeout:
     evals = [python("-m", "vit.commands.eval", "--ckpt", str(ckpt), "--out", str(out / "eval" / name))]
     if tta:
         evals.append(evals[0][:-1] + [str(out / "eval" / f"{name}-tta"), "--tta"])
-    result.update({k: v for k, v in run(evals, log, timeout).items() if k != "seconds"})
+    left = max(timeout - (time.perf_counter() - start), 1)
+    result.update({k: v for k, v in run(evals, log, left).items() if k != "seconds"})
     if result["ok"]:
         result["test_top1"] = eval_top1(out / "eval" / name)
         if tta:
@@ -266,11 +269,12 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
     base = ["--data.init_args.root", str(data), "--data.init_args.download", "false"]
     base += SMOKE_SPEEDRUN if args.smoke else []
     budgets = SMOKE_BUDGETS if args.smoke else {label: BUDGETS[label] for label in args.budgets}
-    runs = {}
+    runs, start = {}, time.perf_counter()
     for label, budget in budgets.items():
         extra = [*base, "--trainer.max_time", budget]
+        left = max(args.timeout - (time.perf_counter() - start), 1)  # the step's limit, shared
         config = "configs/cifar10_gpu.yaml"
-        runs[label] = train_and_eval(f"speedrun-{label}", config, extra, out, args.timeout, tta=True)
+        runs[label] = train_and_eval(f"speedrun-{label}", config, extra, out, left, tta=True)
         runs[label]["budget"] = budget
         if runs[label]["ok"]:
             runs[label]["loop_images_per_second"] = loop_rate(runs[label], batch_size(config, extra))

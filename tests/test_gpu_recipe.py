@@ -143,6 +143,25 @@ def test_the_gpu_check_runs_every_step_at_toy_size(tmp_path):
     assert math.isfinite(report["seconds"])
 
 
+def test_training_and_evaluation_share_one_time_limit(tmp_path, monkeypatch):
+    """A step's limit covers its training and its evaluations together (the check's deadline held
+    only if so): with 100 s, training that takes 70 s leaves 30 s to evaluate, and a second
+    budget of the speedrun gets what the first left."""
+    clock, given = [0.0], []
+
+    def seventy_seconds(commands, log, timeout):
+        given.append(timeout)
+        clock[0] += 70
+        return dict(ok=True, seconds=70.0, why=None)
+
+    monkeypatch.setattr(gpu_check.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(gpu_check, "run", seventy_seconds)
+    monkeypatch.setattr(gpu_check, "read_metrics", lambda run_dir: {})
+    monkeypatch.setattr(gpu_check, "eval_top1", lambda out: 0.5)
+    gpu_check.train_and_eval("run", "configs/cifar10_gpu.yaml", [], tmp_path, timeout=100, tta=True)
+    assert given == [100, 30]
+
+
 def test_a_failed_step_names_the_module_it_ran(tmp_path):
     failing = gpu_check.python("-m", "json.tool", str(tmp_path / "missing.json"))
     result = gpu_check.run([failing], tmp_path / "log", timeout=60)
