@@ -10,8 +10,21 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from syncs import WouldWait
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from vit.augment import BINS, OPS, SIGNED, apply, magnitudes, mix, rand_augment, trivial_augment
+from vit.augment import (
+    BINS,
+    GEOMETRIC,
+    OPS,
+    SIGNED,
+    apply,
+    draw,
+    grid_constants,
+    magnitudes,
+    mix,
+    rand_augment,
+    trivial_augment,
+)
 from vit.datamodules import random_crop_flip
 
 
@@ -34,6 +47,8 @@ def torchvision_op(image: torch.Tensor, name: str, m: float) -> torch.Tensor:
 
 
 def compare(policy: str, name: str, bins=(0, 7, 15, 30), channels: int = 3) -> None:
+    """Colour operations equal torchvision's exactly; a warp may round a pixel centre that falls
+    on a boundary the other way (float32 grids computed in another order), so 99% of pixels."""
     x = images(channels=channels)
     table = magnitudes(policy, 32, 32)[OPS.index(name)]
     for b in bins:
@@ -42,7 +57,12 @@ def compare(policy: str, name: str, bins=(0, 7, 15, 30), channels: int = 3) -> N
             op = torch.full((len(x),), OPS.index(name))
             ours = apply(x, op, torch.full((len(x),), m, dtype=torch.float64))
             theirs = torch.stack([torchvision_op(image, name, m) for image in x])
-            assert torch.equal(ours, theirs), (name, m, (ours != theirs).float().mean().item())
+            assert ours.dtype == torch.uint8 and ours.shape == x.shape
+            same = (ours == theirs).float().mean((1, 2, 3))  # per image
+            if name in GEOMETRIC:
+                assert same.min() >= 0.99, (name, m, same.min().item())
+            else:
+                assert torch.equal(ours, theirs), (name, m, same.min().item())
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -61,20 +81,31 @@ def test_randaugment_magnitudes_are_torchvisions(name):
 
     space = RandAugment._AUGMENTATION_SPACE[name][0](BINS, 32, 32)
     torch.testing.assert_close(magnitudes("randaugment", 32, 32)[OPS.index(name)], space.double())
-    compare("randaugment", name, bins=(9,))
+    compare("randaugment", name, bins=(9, 30))
 
 
 def test_each_image_draws_its_own_operation():
     torch.manual_seed(0)
-    x = images(n=1).expand(512, -1, -1, -1).contiguous()
-    out = trivial_augment(x)
-    distinct = {bytes(image.flatten().tolist()) for image in out}
-    assert len(distinct) > 100  # 14 operations x 31 bins x 2 signs, drawn image by image
-    counts = torch.bincount(torch.randint(len(OPS), (14000,)), minlength=len(OPS))
-    assert counts.min() > 800  # the draw itself is uniform (a sanity bound for the generator)
-    assert out.dtype == torch.uint8 and out.shape == x.shape
-    twice = rand_augment(x)
-    assert twice.dtype == torch.uint8 and len({bytes(i.flatten().tolist()) for i in twice}) > 100
+    x = images(n=1).expand(256, -1, -1, -1).contiguous()
+    for policy in (trivial_augment, rand_augment):
+        out = policy(x)
+        assert out.dtype == torch.uint8 and out.shape == x.shape
+        # 14 operations x 31 bins x 2 signs drawn image by image; one draw a batch gives 1 image
+        assert len({bytes(image.flatten().tolist()) for image in out}) > 100, policy.__name__
+
+
+def test_operations_signs_and_bins_are_drawn_uniformly():
+    torch.manual_seed(0)
+    op, magnitude = draw("trivial", 14000, 32, 32, torch.device("cpu"))
+    counts = torch.bincount(op, minlength=len(OPS))
+    assert counts.min() > 850 and counts.max() < 1150, counts  # 1000 each, sd 30
+    signed = (op >= OPS.index(SIGNED[0])) & (op <= OPS.index(SIGNED[-1]))
+    assert 0.45 < (magnitude[signed] < 0).float().mean() < 0.55
+    assert (magnitude[~signed] >= 0).all()
+    rotate = magnitude[op == OPS.index("Rotate")].abs()
+    assert len(rotate.unique()) == BINS and rotate.max() == 135.0
+    op, fixed = draw("randaugment", 1000, 32, 32, torch.device("cpu"), bin=9)
+    assert set(fixed[op == OPS.index("Rotate")].abs().tolist()) == {9.0}  # RandAugment: one bin
 
 
 class Count(TorchDispatchMode):
@@ -89,13 +120,14 @@ class Count(TorchDispatchMode):
 
 @pytest.mark.parametrize("policy", [trivial_augment, rand_augment])
 def test_the_same_operations_run_for_any_batch_and_any_draw(policy):
+    policy(images(n=2))  # the first call makes the constants (magnitudes, grid) on the device
     runs = []
     for batch, seed in ((64, 0), (512, 1)):
         torch.manual_seed(seed)
         with Count() as count:
             policy(images(n=batch))
         runs.append(count.ops)
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] and len(runs[0]) > 100
 
 
 def test_nothing_would_wait_for_a_gpu():
@@ -106,6 +138,37 @@ def test_nothing_would_wait_for_a_gpu():
         for mixup, cutmix in ((0.8, 0.0), (0.0, 1.0), (0.8, 1.0)):
             mix(out.float() / 255, labels, 10, mixup, cutmix)
     assert not watch.waits, dict(watch.waits)
+
+
+class HostData(TorchDispatchMode):
+    """Operations that mix host tensors into device ones: a tensor built on the host and copied
+    (a copy from pageable memory makes a CUDA host wait), or used with them."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        if {t.device.type for t in tensors} >= {"cpu", "meta"}:
+            self.found.append(str(func))
+        return out
+
+
+def test_every_tensor_is_made_on_the_images_device():
+    """On the meta device (a stand-in for a GPU that WouldWait cannot see through: it takes a
+    tensor made on the host as a host tensor), nothing comes from the host."""
+    x, labels = (
+        torch.zeros(16, 3, 32, 32, dtype=torch.uint8, device="meta"),
+        torch.zeros(16, dtype=torch.long, device="meta"),
+    )
+    magnitudes.cache_clear(), grid_constants.cache_clear()  # made afresh, under watch
+    with HostData() as host:
+        out = rand_augment(trivial_augment(random_crop_flip(x, 4, True)))
+        for mixup, cutmix in ((0.8, 0.0), (0.0, 1.0)):
+            mix(out.float() / 255, labels, 10, mixup, cutmix)
+    assert not host.found
 
 
 def test_mixup_is_the_stated_convex_combination():

@@ -5,8 +5,8 @@ torchvision's operations and magnitudes (`torchvision.transforms.v2`), then MixU
 
 Why by hand: torchvision's v2 policies draw one operation and magnitude for the whole tensor they
 are given, and some of their kernels make a CUDA host wait (autocontrast indexes with a boolean
-mask, shear and sharpness build small tensors from Python lists; MixUp's one-hot checks its
-labels' range). kornia 0.9's `kornia.augmentation.auto.TrivialAugment` draws one sub-policy per
+mask, the affine operations and sharpness build small tensors from Python lists; MixUp's one-hot
+checks its labels' range). kornia 0.9's `kornia.augmentation.auto.TrivialAugment` draws one sub-policy per
 call for the whole batch (only the magnitude per image, over RandAugment's ranges rather than the
 Wide ones), though it selects images with `torch.where` blends, not boolean masks. Here every
 image draws its operation, magnitude and sign on the device; every operation is computed for the
@@ -32,10 +32,11 @@ SIGNED = OPS[1:10]  # ShearX to Sharpness: a range of indices, so a draw tests i
 BINS = 31  # magnitude bins, as torchvision's
 
 
-def magnitudes(policy: str, height: int, width: int, device=None) -> torch.Tensor:
-    """(len(OPS), BINS) float64 on `device`: each operation's magnitude by bin, torchvision's table
-    for `policy` ("trivial" or "randaugment"); 0 for operations without one. Made there, not
-    copied from the host: a copy from pageable memory makes a CUDA host wait."""
+@functools.cache
+def magnitudes(policy: str, height: int, width: int, device: torch.device | None = None) -> torch.Tensor:
+    """(len(OPS), BINS) float64: each operation's magnitude by bin, torchvision's table for
+    `policy` ("trivial" or "randaugment"); 0 for operations without one. Made on `device` once
+    (read only): a copy from the host's pageable memory would make a CUDA host wait."""
     wide = policy == "trivial"
     line = lambda top, start=0.0: torch.linspace(start, top, BINS, device=device)  # noqa: E731 (float32, as torchvision's)
     colour = line(0.99 if wide else 0.9)
@@ -58,29 +59,24 @@ def draw(policy: str, batch: int, height: int, width: int, device, bin: int | No
     equal chance for the signed operations."""
     op = torch.randint(len(OPS), (batch,), device=device)
     bins = torch.randint(BINS, (batch,), device=device) if bin is None else torch.full_like(op, bin)
-    table, signed = on_device(policy, height, width, device)
-    flip = signed[op] & (torch.rand(batch, device=device) <= 0.5)
+    table = magnitudes(policy, height, width, device)
+    signed = (op >= OPS.index(SIGNED[0])) & (op <= OPS.index(SIGNED[-1]))
+    flip = signed & (torch.rand(batch, device=device) <= 0.5)
     return op, torch.where(flip, -table[op, bins], table[op, bins])
 
 
 @functools.cache
-def on_device(policy: str, height: int, width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The magnitude table and the signed operations, copied to `device` once: a copy from the
-    host at every step would make it wait for a GPU."""
-    signed = torch.tensor([op in SIGNED for op in OPS])
-    return magnitudes(policy, height, width).to(device), signed.to(device)
-
-
-@functools.cache
 def grid_constants(height: int, width: int, channels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Made once a device: torchvision's pixel-centre grid (1, H, W, 3) and its scale, and the
-    sharpness kernel (1s round a 5, /13)."""
-    base = torch.ones(1, height, width, 3)
-    base[..., 0] = torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, width)
-    base[..., 1] = torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, height)[:, None]
-    scale = torch.tensor([0.5 * width, 0.5 * height])
-    kernel = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
-    return base.to(device), scale.to(device), kernel.expand(channels, 1, 3, 3).contiguous().to(device)
+    """Made once a device, on it (read only): torchvision's pixel-centre grid (1, H, W, 3) and its
+    scale (x, y), and the sharpness kernel (1s round a 5, /13)."""
+    base = torch.ones(1, height, width, 3, device=device)
+    base[..., 0] = torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, width, device=device)
+    base[..., 1] = torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, height, device=device)[:, None]
+    scale = torch.full((2,), 0.5 * width, device=device)
+    scale[1] = 0.5 * height
+    kernel = torch.ones(channels, 1, 3, 3, device=device)
+    kernel[..., 1, 1] = 5.0
+    return base, scale, kernel / 13.0
 
 
 def trivial_augment(images: torch.Tensor) -> torch.Tensor:
