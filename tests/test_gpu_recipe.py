@@ -196,3 +196,26 @@ def test_the_cost_of_the_recipe_adds_up_by_part():
         assert sum(v for k, v in flops.items() if k != "total") == pytest.approx(flops["total"])
     assert forward["stem"] > 0 and forward["attention"] > forward["MLP"] > 0
     assert 2.5 < train["total"] / forward["total"] < 3.5  # backward: about twice the forward
+
+
+@pytest.mark.parametrize(("given", "mode"), [(True, "default"), ("reduce-overhead", "reduce-overhead")])
+def test_compile_takes_a_mode(tmp_path, monkeypatch, given, mode):
+    """`--model.compile true` compiles in torch's default mode; a mode name (reduce-overhead:
+    CUDA graphs) is passed on; anything else is one line."""
+    from vit import classifier
+    from vit.commands.train import run as train
+    from vit.errors import UsageError
+
+    modes = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: modes.append(kwargs["mode"]))
+    monkeypatch.setattr(classifier, "compile_now", lambda model: None)
+    args = ["fit", "--config", "configs/two_circles.yaml", "--model.vit.preset", "micro",
+            "--model.compile", str(given).lower(), "--trainer.max_steps", "1",
+            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+            "--data.init_args.num_train", "64", "--data.init_args.num_val", "32",
+            "--data.init_args.num_test", "32"]  # fmt: skip
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    result = train(args)
+    assert modes == [mode] and result.model.hparams.compile == given
+    with pytest.raises(UsageError, match="compile='fast' must be true, false or a mode"):
+        ViTClassifier(vit=ViTConfig(preset="micro"), compile="fast")

@@ -107,6 +107,9 @@ def for_the_device(images: torch.Tensor) -> torch.Tensor:
     return images
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
 def compile_now(classifier: Classifier) -> None:
     """Run a classifier's compiled network once as training will (forward and backward of a
     batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
@@ -147,7 +150,7 @@ class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then a cosine
     (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
-    whichever ends first. `compile: true` trains through `torch.compile`, compiled before the
+    whichever ends first. `compile: true` (or a mode) trains through `torch.compile`, compiled before the
     training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
     settings through `**kwargs`."""
 
@@ -161,7 +164,9 @@ class Classifier(L.LightningModule):
         min_lr_fraction: float = 0.01,  # the decay ends at lr * min_lr_fraction
         decay: Literal["cosine", "linear"] = "cosine",  # the shape from the warm-up's end to the floor
         label_smoothing: float = 0.1,
-        compile: bool = False,  # torch.compile the network for training (compiled before the clock starts)
+        # torch.compile the network for training (before the clock starts): true, or a mode;
+        # reduce-overhead replays CUDA graphs, for small kernels on a GPU
+        compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
         layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
     ):
         super().__init__()
@@ -173,6 +178,10 @@ class Classifier(L.LightningModule):
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
         require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
+        require(
+            compile in (False, True, *COMPILE_MODES),
+            f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
+        )
         # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
         self.save_hyperparameters()
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -223,7 +232,8 @@ class Classifier(L.LightningModule):
         if self.hparams.compile:
             # in place: parameter names and checkpoints stay the eager network's; it stays compiled
             # in this process (vit-eval and vit-attention rebuild it eagerly)
-            self.model.compile()
+            mode = "default" if self.hparams.compile is True else self.hparams.compile
+            self.model.compile(mode=mode)
             compile_now(self)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
