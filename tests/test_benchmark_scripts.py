@@ -330,3 +330,19 @@ def test_even_attention_is_a_head_whose_queries_and_keys_are_zero():
         assert torch.equal(even, predictions(zeroed, images))
         assert not torch.equal(even, intact)  # the replacement did change something
         assert torch.equal(predictions(model, images), intact)  # and left nothing behind
+
+
+def test_step_profile_puts_every_operator_in_one_kind(capsys):
+    from benchmarks import step_profile
+
+    assert step_profile.kind_of("aten::addmm") == "matmul"
+    assert step_profile.kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert step_profile.kind_of("aten::native_layer_norm_backward") == "layernorm"
+    assert step_profile.kind_of("aten::_foreach_lerp_") == "optimizer"
+    assert step_profile.kind_of("aten::_to_copy") == "casts and copies"
+    assert step_profile.kind_of("aten::where") == "other"
+    (result,) = step_profile.main(["--smoke", "--precision", "fp32"]).values()
+    kinds = result["kinds"]
+    assert kinds["matmul"] > 0 and kinds["optimizer"] > 0
+    assert 0 < sum(kinds.values()) <= result["wall"] * 1.05  # own times: no operator counted twice
+    assert "step, wall" in capsys.readouterr().out
