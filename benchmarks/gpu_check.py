@@ -174,21 +174,20 @@ def read_metrics(run_dir: Path) -> dict:
     )
 
 
-def batch_size(config: str, extra: list[str]) -> int:
-    """The training batch of a run of `config` with the overrides `extra`."""
+def batch_size(run_dir: Path) -> int | None:
+    """The training batch a vit-train run recorded (its hparams.yaml), or None without one."""
     import yaml
 
-    if "--data.init_args.batch_size" in extra:
-        return int(extra[extra.index("--data.init_args.batch_size") + 1])
-    return int(yaml.safe_load((ROOT / config).read_text())["data"]["init_args"]["batch_size"])
+    hparams = run_dir / "hparams.yaml"
+    return yaml.safe_load(hparams.read_text()).get("batch_size") if hparams.is_file() else None
 
 
-def loop_rate(run: dict, batch: int) -> float | None:
+def loop_rate(run: dict) -> float | None:
     """Images a second of the training loop alone: steps x batch over the clock's seconds less the
     pauses for validation and checkpoints."""
-    if run.get("clock_seconds") is None or run.get("paused_seconds") is None:
+    if None in (run.get("clock_seconds"), run.get("paused_seconds"), run.get("batch_size")):
         return None
-    return run["steps"] * batch / max(run["clock_seconds"] - run["paused_seconds"], 1e-9)
+    return run["steps"] * run["batch_size"] / max(run["clock_seconds"] - run["paused_seconds"], 1e-9)
 
 
 def eval_top1(out: Path) -> float:
@@ -210,7 +209,7 @@ def train_and_eval(name: str, config: str, extra: list[str], out: Path, timeout:
     result["train_wall_seconds"] = time.perf_counter() - start
     if not result["ok"]:
         return result
-    result.update(read_metrics(run_dir))
+    result.update(read_metrics(run_dir), batch_size=batch_size(run_dir))
     evals = [python("-m", "vit.commands.eval", "--ckpt", str(ckpt), "--out", str(out / "eval" / name))]
     if tta:
         evals.append(evals[0][:-1] + [str(out / "eval" / f"{name}-tta"), "--tta"])
@@ -273,11 +272,12 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
     for label, budget in budgets.items():
         extra = [*base, "--trainer.max_time", budget]
         left = max(args.timeout - (time.perf_counter() - start), 1)  # the step's limit, shared
-        config = "configs/cifar10_gpu.yaml"
-        runs[label] = train_and_eval(f"speedrun-{label}", config, extra, out, left, tta=True)
+        runs[label] = train_and_eval(
+            f"speedrun-{label}", "configs/cifar10_gpu.yaml", extra, out, left, tta=True
+        )
         runs[label]["budget"] = budget
         if runs[label]["ok"]:
-            runs[label]["loop_images_per_second"] = loop_rate(runs[label], batch_size(config, extra))
+            runs[label]["loop_images_per_second"] = loop_rate(runs[label])
     # the model stays one to look inside: its token grid, and where its forward FLOPs go
     model, _ = gpu_recipe_cost.build(ROOT / "configs" / "cifar10_gpu.yaml")
     flops = gpu_recipe_cost.flops_by_part(model, torch.rand(2, 3, 32, 32), train=False)

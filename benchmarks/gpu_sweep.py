@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
 
-from benchmarks.gpu_check import SMOKE_SPEEDRUN, command_env, environment, prepare_data, python  # noqa: E402
+from benchmarks.gpu_check import SMOKE_SPEEDRUN, batch_size, command_env, environment, prepare_data, python  # noqa: E402
 
 # validation after every epoch: val/acc by epoch, whatever interval the config validates at
 EVERY_EPOCH = ["--trainer.val_check_interval", "1.0", "--trainer.check_val_every_n_epoch", "1"]
@@ -78,13 +78,6 @@ def read_run(run_dir: Path) -> dict:
             (float(r["time/paused_seconds"]) for r in rows if r.get("time/paused_seconds")), None
         ),
     )
-
-
-def batch_size(run_dir: Path) -> int | None:
-    import yaml
-
-    hparams = run_dir / "hparams.yaml"
-    return yaml.safe_load(hparams.read_text()).get("batch_size") if hparams.is_file() else None
 
 
 def threads(parallel: int) -> int:

@@ -103,10 +103,11 @@ def apply(images: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> to
     out = torch.where(geometric, warp(images, inverse_affine(op, magnitude, *images.shape[-2:])), images)
     factor = (1.0 + magnitude).view(-1, 1, 1, 1)  # float64, as torchvision's Python floats
     x = images.float()
+    gray = grayscale(images).floor()
     colour = {
         "Brightness": lambda: blend(x, torch.zeros_like(x), factor),
-        "Color": lambda: blend(x, grayscale(images).floor(), factor) if images.shape[1] == 3 else images,
-        "Contrast": lambda: blend(x, grayscale(images).floor().mean((-3, -2, -1), keepdim=True), factor),
+        "Color": lambda: blend(x, gray, factor) if images.shape[1] == 3 else images,
+        "Contrast": lambda: blend(x, gray.mean((-3, -2, -1), keepdim=True), factor),
         "Sharpness": lambda: sharpen(x, factor),
         # the bits kept: the top `magnitude` of 8
         "Posterize": lambda: images & (256 - (1 << (8 - magnitude.long()))).to(torch.uint8).view(-1, 1, 1, 1),

@@ -133,6 +133,13 @@ def training_progress(trainer: L.Trainer, step: int, total: float) -> float:
     return next(c for c in trainer.callbacks if isinstance(c, TimeBudget)).progress(trainer, step, total)
 
 
+def logged_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether optimizer step `step` (counted from 1) logs its figures: the first and every
+    `--trainer.log_every_n_steps`-th. A figure logged is read back from the device, a wait for a
+    GPU, so the step's loss and learning rate are logged on these steps only."""
+    return step == 1 or step % trainer.log_every_n_steps == 0
+
+
 class LearningRate(Callback):
     """The learning rate as `train/lr` (progress bar and metrics.csv) after the first step and on
     the steps Lightning writes to the logger, not at every step: a number logged becomes a tensor
@@ -141,7 +148,7 @@ class LearningRate(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
-        if trainer.lr_scheduler_configs and (step == 1 or step % trainer.log_every_n_steps == 0):
+        if trainer.lr_scheduler_configs and logged_step(trainer, step):
             lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[-1]
             pl_module.log("train/lr", lr, on_step=True, on_epoch=False)  # ProgressBar shows it
 

@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
-from vit.callbacks import LearningRate, budget_callbacks, training_progress
+from vit.callbacks import LearningRate, budget_callbacks, logged_step, training_progress
 from vit.cnn import BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
@@ -200,7 +200,7 @@ class Classifier(L.LightningModule):
         accuracy(logits, y.argmax(dim=1) if y.ndim == 2 else y)
         if stage != "train":  # averaged over all processes; accuracy syncs itself (torchmetrics)
             self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        elif self.logging_step():
+        elif self._trainer is None or logged_step(self.trainer, self.trainer.global_step + 1):
             # a step's loss is read back from the device (a wait for a GPU) where it is logged, so
             # only on the steps Lightning writes to the logger; accuracy accumulates on the device.
             # Not prog_bar: Lightning would read the last logged value back at every step
@@ -208,14 +208,6 @@ class Classifier(L.LightningModule):
             self.log("train/loss", loss, on_step=True, on_epoch=False)
         self.log(f"{stage}/acc", accuracy, prog_bar=True, on_step=False, on_epoch=True)
         return loss
-
-    def logging_step(self) -> bool:
-        """Whether the optimizer step under way is one whose figures are logged: the first and
-        every `--trainer.log_every_n_steps`-th (the ones `vit.callbacks.LearningRate` logs)."""
-        if self._trainer is None:  # a step called outside a fit
-            return True
-        step = self.trainer.global_step + 1  # after this step
-        return step == 1 or step % self.trainer.log_every_n_steps == 0
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train", self.train_acc)

@@ -136,21 +136,11 @@ def batches(
     epoch's order on the data's device (`ShuffledBatches`); with several, Lightning gives each
     process its share through a distributed sampler."""
     drop_last = shuffle and len(dataset) > batch_size
+    loader = dict(collate_fn=whole_batch, num_workers=num_workers, persistent_workers=num_workers > 0)
     if shuffle and processes == 1:
         order = ShuffledBatches(len(dataset), batch_size, drop_last, dataset.images.device)
-        return DataLoader(
-            dataset, batch_sampler=order, collate_fn=whole_batch, num_workers=num_workers,
-            persistent_workers=num_workers > 0,
-        )  # fmt: skip
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        collate_fn=whole_batch,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-    )
+        return DataLoader(dataset, batch_sampler=order, **loader)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **loader)
 
 
 class InMemoryDataModule(L.LightningDataModule):
