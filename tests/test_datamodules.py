@@ -30,6 +30,8 @@ from vit.datamodules import (
     CIFAR10_CLASSES,
     FashionMNIST,
     ImageFolders,
+    InMemory,
+    batches,
     holdout,
     random_crop_flip,
 )
@@ -493,3 +495,29 @@ def test_vit_train_runs_data_parallel_on_two_cpu_processes(tmp_path, runs):
     minutes = [r for r in rows if r["time/minutes"]]
     assert [int(r["epoch"]) for r in minutes] == [0, 1] and all(r["val/acc"] for r in minutes)
     assert max(int(r["step"]) for r in rows if r["epoch"] == "0") == 2  # steps 0-2: 3 per epoch
+
+
+def test_a_training_loader_restored_mid_epoch_gives_the_rest_of_the_epoch_and_what_follows():
+    """The loader's state, taken after 3 of 8 batches (as Lightning takes it for a checkpoint),
+    makes a new loader give the other 5 in the same order, then the same next epoch, with the
+    same random numbers drawn between them as the loader that went on."""
+    dataset = InMemory(torch.arange(64).view(64, 1, 1, 1).to(torch.uint8), torch.arange(64), raw=True)
+
+    def labels(epoch) -> list[list[int]]:
+        return [batch[1].tolist() for batch in epoch]
+
+    torch.manual_seed(0)
+    first = batches(dataset, 8, shuffle=True)
+    epoch = iter(first)
+    seen = [next(epoch) for _ in range(3)]
+    state = first.state_dict()
+    rest = labels(epoch) + [torch.rand(2).tolist()]  # a random number drawn after the epoch
+    following = labels(first)
+
+    torch.manual_seed(123)  # a new process: another random state, which the loader puts back
+    second = batches(dataset, 8, shuffle=True)
+    second.load_state_dict(state)
+    assert len(second) == 8
+    assert labels(second) + [torch.rand(2).tolist()] == rest
+    assert labels(second) == following
+    assert len({i for b in labels(seen) + rest[:-1] for i in b}) == 64  # the epoch: each image once

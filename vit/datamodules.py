@@ -107,20 +107,72 @@ class ShuffledBatches(Sampler[torch.Tensor]):
     """The batch sampler of a one-process training loader: the batches of a shuffled epoch, in the
     order `DataLoader(shuffle=True)` draws them for the same seed, each a slice of one index tensor
     on the data's `device`. The epoch's order crosses to a GPU once, from pinned memory without
-    waiting, where a list of indices would be built on the host and copied at every step."""
+    waiting, where a list of indices would be built on the host and copied at every step.
+
+    `seed` is the current epoch's. `resume_at(seed, start)` makes the next epoch that epoch again
+    from its batch `start` (`ResumableLoader`)."""
 
     def __init__(self, size: int, batch_size: int, drop_last: bool, device: torch.device):
         self.size, self.batch_size, self.drop_last, self.device = size, batch_size, drop_last, device
+        self.seed: int | None = None
+        self._resume: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
 
+    def resume_at(self, seed: int, start: int) -> None:
+        self._resume = (seed, start)
+
     def __iter__(self):
-        seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as RandomSampler draws it
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(seed))
+        start = 0
+        if self._resume is None:
+            self.seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as RandomSampler draws it
+        else:
+            (self.seed, start), self._resume = self._resume, None
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed))
         if self.device.type == "cuda":
             order = order.pin_memory().to(self.device, non_blocking=True)
-        yield from order.split(self.batch_size)[: len(self)]
+        yield from order.split(self.batch_size)[start : len(self)]
+
+
+class ResumableLoader(DataLoader):
+    """A one-process training loader that knows where it is in its epoch, so that a run resumed
+    from a checkpoint written mid-epoch goes on with the batches it had not seen yet, in the same
+    order, and draws the same random numbers after them as a run never stopped.
+
+    Lightning puts `state_dict()` in every checkpoint it writes during fit, and gives it to
+    `load_state_dict` before a resumed epoch begins: the epoch's shuffle seed, how many of its
+    batches the loop has taken, and torch's random state (CPU and CUDA) at that moment, which the
+    rest of the epoch and the next epochs' orders draw from (augmentation, dropout, MixUp)."""
+
+    def __init__(self, dataset: Dataset, batch_sampler: ShuffledBatches, **kwargs):
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.taken = 0  # batches of the current epoch handed to the loop
+        self._random: dict | None = None  # torch's random state to restore when the epoch resumes
+
+    def __iter__(self):
+        iterator = super().__iter__()  # draws its workers' seed from torch's random state
+        if self._random is not None:  # after that draw, as in the epoch that was stopped
+            torch.set_rng_state(self._random["cpu"])
+            if self._random["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(self._random["cuda"])
+            self._random = None
+        else:
+            self.taken = 0
+        for batch in iterator:
+            self.taken += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+        random = {"cpu": torch.get_rng_state(), "cuda": cuda}
+        return {"seed": self.batch_sampler.seed, "taken": self.taken, "random": random}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed") is None:  # written before the first epoch began
+            return
+        self.batch_sampler.resume_at(state["seed"], state["taken"])
+        self.taken, self._random = state["taken"], state["random"]
 
 
 def whole_batch(batch):
@@ -133,13 +185,14 @@ def batches(
 ) -> DataLoader:
     """The loader of every data module: whole batches of an `InMemory` split (training shuffles
     and drops a last partial batch). Shuffled in one process, the batches are slices of the
-    epoch's order on the data's device (`ShuffledBatches`); with several, Lightning gives each
-    process its share through a distributed sampler."""
+    epoch's order on the data's device (`ShuffledBatches`), and a run resumed mid-epoch goes on
+    where it stopped (`ResumableLoader`); with several, Lightning gives each process its share
+    through a distributed sampler, and a resumed run starts its epoch again."""
     drop_last = shuffle and len(dataset) > batch_size
     loader = dict(collate_fn=whole_batch, num_workers=num_workers, persistent_workers=num_workers > 0)
     if shuffle and processes == 1:
         order = ShuffledBatches(len(dataset), batch_size, drop_last, dataset.images.device)
-        return DataLoader(dataset, batch_sampler=order, **loader)
+        return ResumableLoader(dataset, order, **loader)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **loader)
 
 
