@@ -180,14 +180,14 @@ def separation_curve(
 
 
 def summary(values: list[float]) -> str:
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} +- {spread:.3f}"
+    """min / median / max over seeds: whether a conclusion holds for every seed shows."""
+    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
 
 
-def write_table(results: dict, attention: dict, path: Path, args: argparse.Namespace) -> None:
+def write_table(results: dict, attention: dict, path: Path, args: dict) -> None:
     lines = [
-        f"{args.steps} steps of 128 images, {args.num_train} training images, {args.seeds} seeds "
-        "(mean +- standard deviation over seeds); chance is 0.25.",
+        f"{args['steps']} steps of 128 images, {args['num_train']} training images, {args['seeds']} seeds "
+        "(test accuracy, min / median / max over seeds); chance is 0.25.",
         "",
         "| model | parameters | in distribution | far separations | held-out midpoints |",
         "|---|---|---|---|---|",
@@ -247,12 +247,17 @@ def main() -> None:
     parser.add_argument("--cnn_width", type=int, default=16, help="channels of the CNNs")
     parser.add_argument("--models", nargs="+", help="run only these models, by name (default: all)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
-    parser.add_argument("--replot", action="store_true", help="only redraw the plots from --out/results.json")
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="only rewrite the table and redraw the plots from --out/results.json",
+    )
     args = parser.parse_args()
     if args.replot:
         record = json.loads((args.out / "results.json").read_text())
+        write_table(record["results"], record["attention"], args.out / "table.md", record["args"])
         plot(record["results"], args.out, record["args"]["fields"], record["data"])
-        print(f"redrew the plots in {args.out} from its results.json")
+        print(f"rewrote the table and redrew the plots in {args.out} from its results.json")
         return
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -262,7 +267,7 @@ def main() -> None:
     (args.out / "results.json").write_text(
         json.dumps(record | {"results": results, "attention": attention}, indent=1)
     )
-    write_table(results, attention, args.out / "table.md", args)
+    write_table(results, attention, args.out / "table.md", record["args"])
     plot(results, args.out, args.fields, DATA)
     print((args.out / "table.md").read_text())
     print(f"finished in {minutes:.1f} minutes; {args.out} holds the table, plots and results.json")

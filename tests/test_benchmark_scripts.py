@@ -346,3 +346,25 @@ def test_step_profile_puts_every_operator_in_one_kind(capsys):
     assert kinds["matmul"] > 0 and kinds["optimizer"] > 0
     assert 0 < sum(kinds.values()) <= result["wall"] * 1.05  # own times: no operator counted twice
     assert "step, wall" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_demo_seeds_reports_each_seed_and_goes_on_where_it_stopped(tmp_path):
+    tiny = [
+        "--", "--model.vit.preset", "micro", "--data.init_args.num_train", "256",
+        "--data.init_args.num_val", "64", "--data.init_args.num_test", "64", "--trainer.max_epochs", "2",
+    ]  # fmt: skip
+    out, runs = tmp_path / "probe", tmp_path / "runs"
+    result = run_script("demo_seeds.py", "--seeds", "3", "--out", str(out), "--runs", str(runs), *tiny)
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_script("demo_seeds.py", "--seeds", "3", "4", "--out", str(out), "--runs", str(runs), *tiny)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "seed 3:" not in result.stdout and "seed 4:" in result.stdout  # seed 3 was done
+    table = (out / "table.md").read_text()
+    rows = re.findall(r"^\| (\d) \| (0\.\d{4}) \| ([0-9., ]+) \|", table, re.MULTILINE)
+    assert [r[0] for r in rows] == ["3", "4"] and all(len(r[2].split(", ")) == 2 for r in rows)
+    assert "min / median / max" in table
+    other = run_script(
+        "demo_seeds.py", "--seeds", "5", "--out", str(out), "--runs", str(runs), "--", "--model.lr", "1"
+    )
+    assert other.returncode != 0 and "holds another config or options" in other.stderr

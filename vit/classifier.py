@@ -242,9 +242,9 @@ class Classifier(L.LightningModule):
     def on_train_start(self) -> None:
         # A resumed run's training loader gets its place in the epoch back (ResumableLoader).
         # Lightning gives it when it builds the loader, but configure_optimizers built it earlier
-        # (estimated_stepping_batches), before the checkpoint's loop state was read, and the
-        # state is never given (Lightning issue 20550). Its first batch is not drawn yet: give it
-        # now. Nothing to give where Lightning has done it.
+        # (estimated_stepping_batches), before the checkpoint's loop state was read, and then the
+        # state is never given: github.com/Lightning-AI/pytorch-lightning/issues/20550. The
+        # loader's first batch is not drawn yet: give it now (nothing left where Lightning did).
         self.trainer.fit_loop._load_combined_loader_states()
 
     def validation_step(self, batch, batch_idx: int) -> None:
