@@ -20,10 +20,15 @@ import argparse
 import csv
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from vit.commands.train import run
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
+
+from benchmarks.explanations import cpu_name  # noqa: E402
+from vit.commands.train import run  # noqa: E402
 
 
 def epoch_accuracies(metrics_csv: Path) -> list[float]:
@@ -79,15 +84,6 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine() -> str:
-    """The CPU as `lscpu` names it, with family and model."""
-    info = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    return f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -106,7 +102,7 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
-    results = dict(config=args.config, options=args.options, machine=machine(), runs=[])
+    results = dict(config=args.config, options=args.options, machine=cpu_name(), runs=[])
     if path.exists():
         results = json.loads(path.read_text())
         if (results["config"], results["options"]) != (args.config, args.options):
