@@ -14,11 +14,12 @@ from vit import ViT
 from vit.commands import heads as heads_command
 from vit.commands.attention import main as attention_main
 from vit.faithfulness import score
-from vit.heads import NORM_RATIO, analyse, attribution, record
+from vit.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
 
 
-def test_the_command_names_the_library_default():
+def test_the_command_names_the_library_defaults():
     assert heads_command.NORM_RATIO == NORM_RATIO
+    assert heads_command.ATTRIBUTIONS == tuple(ATTRIBUTIONS) and set(heads_command.READINGS) == set(ATTRIBUTIONS)
 
 
 @pytest.mark.parametrize(
@@ -27,7 +28,7 @@ def test_the_command_names_the_library_default():
      {"distilled": True}, {"pre_norm": True, "qkv_bias": False}],
     ids=["cls", "mean", "fc_norm", "registers+layer_scale", "distilled", "pre_norm"],
 )  # fmt: skip
-def test_the_attribution_parts_sum_to_the_logit(options):
+def test_the_attribution_parts_sum_to_the_reading_they_split(options):
     torch.manual_seed(0)
     model = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=3, **options).eval()
     with torch.no_grad():  # biases and norms away from their initial zeros and ones
@@ -35,11 +36,33 @@ def test_the_attribution_parts_sum_to_the_logit(options):
             p.add_(0.3 * torch.randn_like(p))
     found = record(model, torch.rand(6, 1, 16, 16))
     targets = torch.tensor([0, 1, 2, 0, 1, 2])  # not only the predicted class
-    parts = attribution(model, found, targets)
-    total = (parts["embeddings"] + parts["heads"].sum((0, 1)) + parts["attention_bias"].sum(0)
-             + parts["mlp"].sum(0) + parts["constant"])  # fmt: skip
-    torch.testing.assert_close(total, found.logits[torch.arange(6), targets], atol=1e-4, rtol=0)
-    assert parts["heads"].shape == (2, 2, 6) and parts["heads"].abs().min() > 0
+    readings = {  # weights over the classes -> the reading of the logits they give, computed directly
+        "one class": (torch.eye(3)[targets], found.logits[torch.arange(6), targets]),
+        "any weights": (torch.randn(6, 3), None),
+    }
+    for name, (weights, expected) in readings.items():
+        parts = attribution(model, found, weights)
+        total = (parts["embeddings"] + parts["heads"].sum((0, 1)) + parts["attention_bias"].sum(0)
+                 + parts["mlp"].sum(0) + parts["constant"])  # fmt: skip
+        expected = (found.logits * weights).sum(-1) if expected is None else expected
+        torch.testing.assert_close(total, expected, atol=1e-4, rtol=0, msg=name)
+        torch.testing.assert_close(parts["total"], expected, atol=1e-5, rtol=0, msg=name)
+        assert parts["heads"].shape == (2, 2, 6) and parts["heads"].abs().min() > 0
+
+
+def test_the_attributed_readings_are_the_difference_to_the_runner_up_the_centred_and_the_raw_logit():
+    logits = torch.tensor([[1.0, 5.0, 2.0, -1.0], [0.0, -2.0, 3.0, 2.5]])
+    top, second = [1, 2], [2, 3]
+    readings = {
+        "difference": logits[[0, 1], top] - logits[[0, 1], second],  # 3.0, 0.5
+        "centred": logits[[0, 1], top] - logits.mean(-1),
+        "logit": logits[[0, 1], top],
+    }
+    for kind, expected in readings.items():
+        torch.testing.assert_close((contrast(logits, kind) * logits).sum(-1), expected, msg=kind)
+    assert set(readings) == set(ATTRIBUTIONS)
+    with pytest.raises(ValueError, match="unknown attribution 'softmax'"):
+        contrast(logits, "softmax")
 
 
 def test_the_logit_lens_after_the_last_block_is_the_model(trained):
@@ -143,8 +166,9 @@ def test_vit_attention_heads_prints_the_tables_and_writes_the_figures(trained_ch
                     "--out", out])  # fmt: skip
     printed = capsys.readouterr().out
     assert "analysed 2 layers x 2 heads on 12 test images of TwoCircles" in printed
-    titles = ("each head: ablated alone", "the logit (their sum)", "logit lens", "high-norm tokens",
-              "each head: attention mass on the evidence", "evidence -> evidence: mean ablation")  # fmt: skip
+    titles = ("each head: ablated alone", "the logit difference, predicted class - runner-up",
+              "their sum", "logit lens", "high-norm tokens", "each head: attention mass on the evidence",
+              "evidence -> evidence, mean ablation: ", "class token's attention")  # fmt: skip
     for title in titles:
         assert title in printed
     assert sorted(p.name for p in out.iterdir()) == [
@@ -155,8 +179,12 @@ def test_vit_attention_heads_prints_the_tables_and_writes_the_figures(trained_ch
     assert results["num_images"] == 12 and results["against"] == "labels"
     assert len(results["ablation"]["mean"]["accuracy"]) == 2 and len(results["attribution"]["heads"][1]) == 2
     assert results["settings"]["source"] == str(trained_checkpoint)
+    assert results["attribute"] == "difference" and "runner-up" in results["protocol"]["attributed"]
     found = results["evidence"]
     assert len(found["mass"]["query"]) == 2 and set(found["spearman"]) == {"query", "cls"}
+    correlation = found["spearman"]["cls"]["mean"]
+    assert set(correlation) == {"rho", "p", "low", "high", "n", "images"} and correlation["n"] == 4
+    assert 0 < correlation["p"] <= 1 and correlation["low"] <= correlation["high"]
 
 
 def means(table: list[list[dict]]) -> torch.Tensor:
@@ -185,7 +213,7 @@ def test_each_heads_mass_on_the_evidence_is_the_one_score_measures_and_ranks_aga
             loss = -means(results["ablation"][kind]["log_probability"])
             ranks = [v.argsort().argsort().double() for v in (mass, loss)]
             expected = torch.corrcoef(torch.stack(ranks))[0, 1].item()
-            assert found["spearman"][name][kind] == pytest.approx(expected, abs=1e-6)
+            assert found["spearman"][name][kind]["rho"] == pytest.approx(expected, abs=1e-6)
     assert "evidence" not in analyse(model, images, labels, batch_size=24)  # nothing known, nothing said
 
 
@@ -237,10 +265,100 @@ def test_imported_models_are_analysed_at_the_same_places(tmp_path):
         images = torch.rand(5, 3, *model.image_size)
         found = record(model, images)
         targets = found.logits.argmax(-1)
-        parts = attribution(model, found, targets)
+        parts = attribution(model, found, contrast(found.logits, "logit"))
         total = (parts["embeddings"] + parts["heads"].sum((0, 1)) + parts["attention_bias"].sum(0)
                  + parts["mlp"].sum(0) + parts["constant"])  # fmt: skip
         torch.testing.assert_close(total, found.logits[torch.arange(5), targets], atol=1e-3, rtol=1e-4)
         results = analyse(model, images, batch_size=64)
         assert torch.equal(results["per_image"]["lens"][-1], targets), name
         assert len(results["ablation"]["mean"]["accuracy"][1]) == model.config.heads, name
+
+
+# ---------------------------------------------------------------- maths a wrong version would fail
+
+
+def perturbed_model(**options) -> ViT:
+    """A micro ViT (2 blocks of 2 heads, 16 patches, 3 classes), its weights, biases and norms moved
+    well away from their initial values, so that no part is neutral by accident."""
+    torch.manual_seed(0)
+    model = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=3, **options).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return model
+
+
+def test_mean_ablation_replaces_each_position_with_its_own_mean():
+    """With the patch embedding zeroed, every image gives the same tokens, which differ by position
+    (the learned positions): each head's output is then its own mean at every position, and mean
+    ablation must change nothing. A mean over positions as well would change the prediction."""
+    model = perturbed_model()
+    with torch.no_grad():
+        model.patch_embed.proj.weight.zero_()
+    images = torch.rand(6, 1, 16, 16)
+    outputs = record(model, images).heads  # (L, B, N, heads * d_head)
+    assert (outputs[:, 0] - outputs[:, 0].mean(1, keepdim=True)).abs().amax() > 0.1  # positions differ
+    per_image = analyse(model, images, batch_size=30)["per_image"]
+    assert per_image["ablation/mean/log_probability"].abs().amax() < 1e-5
+    assert per_image["ablation/zero/log_probability"].abs().amax() > 1e-2  # the heads do matter
+
+
+@pytest.mark.parametrize("options", [{}, {"pool": "mean"}, {"pool": "mean", "fc_norm": True}, {"num_registers": 2}],
+                         ids=["cls", "mean", "fc_norm", "registers"])  # fmt: skip
+def test_the_logit_lens_after_each_block_is_the_model_cut_after_that_block(options):
+    model = perturbed_model(**options)
+    images = torch.rand(5, 1, 16, 16)
+    from vit.heads import lens_logits
+
+    lens = lens_logits(model, record(model, images).residual)
+    for layer in range(len(model.blocks)):
+        cut = copy.deepcopy(model)
+        cut.blocks = torch.nn.ModuleList(list(cut.blocks)[: layer + 1])
+        with torch.no_grad():
+            torch.testing.assert_close(lens[layer], cut(images), atol=1e-5, rtol=1e-5, msg=f"after {layer}")
+
+
+def test_each_patch_read_alone_averages_to_the_models_reading_of_the_patch_mean():
+    """The head is linear after the final norm (no fc_norm): the mean over patches of each patch's
+    logits is the logit lens of a model that reads the patches' mean; the class token, set far
+    from the patches, must not be among them."""
+    from vit.heads import lens_logits, patch_lens_logits
+
+    model = perturbed_model(pool="mean")
+    with torch.no_grad():
+        model.cls_token.mul_(20)
+    residual = record(model, torch.rand(4, 1, 16, 16)).residual
+    per_patch = patch_lens_logits(model, residual)  # (L, B, patches, classes)
+    assert per_patch.shape == (2, 4, 16, 3)
+    torch.testing.assert_close(per_patch.mean(2), lens_logits(model, residual), atol=1e-5, rtol=1e-5)
+
+
+def test_the_attention_to_high_norm_tokens_is_the_next_blocks_and_the_class_tokens_is_its_row():
+    from vit.attention_maps import attention_weights
+
+    model = perturbed_model(num_registers=1)
+    with torch.no_grad():
+        model.reg_token.fill_(100.0)
+    images = torch.rand(4, 1, 16, 16)
+    results = analyse(model, images, batch_size=4)
+    assert results["per_image"]["ratios"][0, :, 1].min() > NORM_RATIO  # the register, flagged after block 0
+    flagged = results["per_image"]["ratios"][0] > NORM_RATIO  # (B, tokens)
+    weights = attention_weights(model, images)  # (L, B, heads, T, T)
+    row = results["norms"]["layers"][0]
+    for block in (0, 1):  # the figure is block 1's, and block 0 gives another
+        everyone = (weights[block].mean((1, 2)) * flagged).sum(-1).mean().item()
+        of_cls = (weights[block][:, :, 0].mean(1) * flagged).sum(-1).mean().item()
+        matches = (row["attention_to_flagged"]["mean"] == pytest.approx(everyone, abs=1e-6),
+                   row["cls_attention_to_flagged"]["mean"] == pytest.approx(of_cls, abs=1e-6))  # fmt: skip
+        assert all(matches) == (block == 1), block
+
+
+def test_the_norm_ratio_divides_by_the_median_of_the_patch_tokens_only():
+    from vit.heads import norm_ratios
+
+    model = ViT(preset="micro", image_size=12, patch_size=4, in_channels=1, num_classes=2, num_registers=2)
+    assert model.num_prefix_tokens == 3 and model.grid_size == (3, 3)
+    norms = torch.tensor([50.0, 60.0, 70.0, 1, 2, 3, 4, 5, 6, 7, 8, 9])  # 3 large prefix tokens, 9 patches
+    residual = torch.zeros(1, 1, 12, 8)
+    residual[..., 0] = norms
+    torch.testing.assert_close(norm_ratios(model, residual)[0, 0], norms / 5)  # the patches' median is 5

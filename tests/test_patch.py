@@ -14,7 +14,16 @@ from test_heads import imported_models, one_head_model
 
 from vit.commands import patch as patch_command
 from vit.commands.attention import main as attention_main
-from vit.patching import MIN_GAP, activations, analyse, logit_difference, patched_logits, restored
+from vit.patching import (
+    MIN_GAP,
+    activations,
+    analyse,
+    logit_difference,
+    patched_logits,
+    resample_patches,
+    restored,
+    restored_ratio_of_means,
+)
 from vit.two_circles import TwoCircles, circle_pixels
 
 
@@ -70,7 +79,7 @@ def test_the_one_working_head_restores_all_and_every_other_head_none():
     bright, dark = torch.ones(4, 1, 8, 8), torch.zeros(4, 1, 8, 8)
     results = analyse(model, bright, dark, batch_size=10)  # 2 pairs of 5 copies at once
     heads = results["per_pair"]["heads"]  # (layers, heads, pairs)
-    assert results["pairs_kept"] == 4
+    assert results["pair_counts"] == {"used": 4, "same_class": 0, "in_mean_of_ratios": 4, "gap_under_min_gap": 0}
     torch.testing.assert_close(heads[0, 1], torch.ones(4), atol=1e-6, rtol=0)
     assert (heads[[0, 1, 1], [0, 0, 1]] == 0).all()
     assert results["restored"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
@@ -103,7 +112,8 @@ def test_vit_attention_patch_prints_the_tables_and_writes_the_figures(trained_ch
     assert sorted(p.name for p in out.iterdir()) == ["patch.json", "patch_heads.png", "patch_tokens.png"]
     results = json.loads((out / "patch.json").read_text())
     assert results["num_pairs"] == 6 and results["classes"] == "the labels of each pair"
-    assert results["pairs_kept"] >= 3 and results["min_gap"] == 0.001
+    assert results["pair_counts"]["used"] == 6 and results["pair_counts"]["in_mean_of_ratios"] >= 3
+    assert results["min_gap"] == 0.001 and "ratio of means" in results["protocol"]["restored"]
     assert math.isfinite(results["restored"]["heads"][0][0]["mean"])
     assert len(results["restored"]["heads"]) == 2 and len(results["restored"]["tokens"][1]) == 17
     assert results["settings"]["source"] == str(trained_checkpoint)
@@ -228,3 +238,62 @@ def test_imported_models_are_patched_at_the_same_places(tmp_path):
         torch.testing.assert_close(tokens[-1, 0][kept], torch.ones(int(kept.sum())), atol=1e-4, rtol=0)
         assert tokens[-1, 1:][:, kept].abs().max() < 1e-4, name
         assert results["per_pair"]["heads"].shape[:2] == (2, model.config.heads), name
+
+
+def test_the_ratio_of_means_and_the_mean_of_ratios_from_hand_numbers():
+    clean, corrupted = torch.tensor([2.0, 4.0, 1.0]), torch.tensor([0.0, 0.0, 0.95])
+    patched = torch.tensor([[1.0, 3.0, 1.0]])  # one unit; the third pair's gap, 0.05, is under 0.1
+    shares = restored(patched, clean, corrupted, min_gap=0.1)
+    torch.testing.assert_close(shares[0, :2], torch.tensor([0.5, 0.75]))
+    assert shares[0, 2].isnan()
+    ratio, (low, high) = restored_ratio_of_means(patched, clean, corrupted)
+    # every pair: (mean patched 5/3 - mean corrupted 0.95/3) / (mean clean 7/3 - 0.95/3)
+    assert ratio.item() == pytest.approx((5 - 0.95) / (7 - 0.95))
+    assert low.item() <= ratio.item() <= high.item() and low.item() < high.item()
+    same, (low, high) = restored_ratio_of_means(clean[None], clean, corrupted)  # every pair restored
+    assert same.item() == pytest.approx(1.0) and low.item() == pytest.approx(1.0) == high.item()
+
+
+def test_pairs_whose_corruption_leaves_the_class_are_left_out_and_counted():
+    """The one working head of `one_head_model` restores all of every pair the corruption changes;
+    a pair of two bright images (both class 1) has nothing to restore and is counted apart, and a
+    pair whose gap lies under min_gap leaves the mean of ratios only."""
+    model = one_head_model(head=1)
+    clean = torch.cat([torch.ones(3, 1, 8, 8), torch.ones(1, 1, 8, 8)])
+    corrupted = torch.cat([torch.zeros(3, 1, 8, 8), torch.ones(1, 1, 8, 8)])
+    results = analyse(model, clean, corrupted, batch_size=10)
+    assert results["pair_counts"] == {"used": 3, "same_class": 1, "in_mean_of_ratios": 3, "gap_under_min_gap": 1}
+    assert results["restored"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
+    assert results["mean_of_ratios"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
+    gap = (results["per_pair"]["clean"] - results["per_pair"]["corrupted"])[0].item()
+    results = analyse(model, clean, corrupted, batch_size=10, min_gap=gap + 1)  # every gap under it now
+    assert results["pair_counts"]["in_mean_of_ratios"] == 0 and results["pair_counts"]["used"] == 3
+    assert math.isnan(results["mean_of_ratios"]["heads"][0][1]["mean"])
+    assert results["restored"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_resampled_patches_come_from_the_same_places_of_an_image_of_another_class():
+    model = one_head_model()  # a 2x2 grid of 4-pixel patches
+    images = torch.arange(6.0).view(6, 1, 1, 1).expand(6, 1, 8, 8).clone()  # image i: all pixels i
+    classes = torch.tensor([0, 0, 1, 1, 2, 2])
+    corrupted, donors = resample_patches(model, images, classes, 2, torch.Generator().manual_seed(0))
+    assert (classes[donors] != classes).all()
+    patches = corrupted.unfold(2, 4, 4).unfold(3, 4, 4).reshape(6, 4, 16)  # (images, patches, pixels)
+    for i in range(6):
+        taken = (patches[i] == donors[i].item()).all(-1)
+        kept = (patches[i] == i).all(-1)
+        assert taken.sum() == 2 and (taken | kept).all(), i
+    with pytest.raises(ValueError, match="all of class 1"):
+        resample_patches(model, images, torch.ones(6, dtype=torch.long), 2, torch.Generator())
+
+
+def test_corrupt_resample_is_the_default_without_counterfactuals(trained_checkpoint, tmp_path, capsys, monkeypatch):
+    seen = capture_pairs(monkeypatch)
+    attention_main(["patch", "--ckpt", trained_checkpoint, "--num_images", "6", "--corrupt", "resample:3"])
+    printed = capsys.readouterr().out
+    assert "3 of 16 patches at random taken from an image of another class (by their labels)" in printed
+    clean, corrupted, _ = seen[0]
+    assert (changed_patches(clean, corrupted).sum(1) <= 3).all() and changed_patches(clean, corrupted).any()
+    assert patch_command.parse_corrupt(None) == (None, None)
+    assert patch_command.parse_corrupt("resample") == ("resample", None)
+    assert patch_command.parse_corrupt("resample:5") == ("resample", 5)

@@ -24,6 +24,7 @@ Every figure is the mean over images with a 95% bootstrap interval over images (
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -141,13 +142,13 @@ def removal_order(maps: torch.Tensor, generator: torch.Generator) -> torch.Tenso
 
 
 def perturbed(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, grid: tuple[int, int]):
-    """`images` (B, C, H, W) with the patches in `removed` (..., B, patches) bool set to `fill`
-    (C,): (..., B, C, H, W)."""
+    """`images` (B, C, H, W) with the patches in `removed` (..., B, patches) bool set to `fill`:
+    a colour (C,), or images (B, C, H, W) whose patches replace them: (..., B, C, H, W)."""
     height, width = images.shape[-2:]
     mask = removed.unflatten(-1, grid).float()
     mask = F.interpolate(mask.flatten(0, -3)[:, None], size=(height, width), mode="nearest")
     mask = mask.view(*removed.shape[:-1], 1, height, width).bool()
-    return torch.where(mask, fill.view(-1, 1, 1).to(images), images)
+    return torch.where(mask, (fill if fill.ndim == images.ndim else fill.view(-1, 1, 1)).to(images), images)
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -222,18 +223,60 @@ def evidence_scores(maps: torch.Tensor, evidence: torch.Tensor) -> dict[str, tor
     }
 
 
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """The rank of each value of x (..., n) along the last axis, from 1; ties get their average rank."""
+    below = (
+        (x[..., None, :] < x[..., :, None]).sum(-1).to(x.dtype if x.is_floating_point() else torch.float32)
+    )
+    equal = (x[..., None, :] == x[..., :, None]).sum(-1).to(below.dtype)
+    return below + (equal + 1) / 2
+
+
 def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Spearman's rank correlation of a and b (..., n) along the last axis, ties given their
     average rank: (...,); NaN where either is constant."""
 
-    def ranks(x):
-        below = (x[..., None, :] < x[..., :, None]).sum(-1).float()
-        equal = (x[..., None, :] == x[..., :, None]).sum(-1).float()
-        return below + (equal + 1) / 2
-
-    ra, rb = ranks(a), ranks(b)
+    ra, rb = _ranks(a), _ranks(b)
     ra, rb = ra - ra.mean(-1, keepdim=True), rb - rb.mean(-1, keepdim=True)
     return (ra * rb).sum(-1) / (ra.norm(dim=-1) * rb.norm(dim=-1))
+
+
+def spearman_test(
+    a: torch.Tensor, b: torch.Tensor, permutations: int = 10000, samples: int = 1000, seed: int = 0
+) -> dict[str, float]:
+    """Spearman's rank correlation of paired values a, b (n,) (pairs with a NaN left out) with its
+    uncertainty: "p", two-sided, from `permutations` random pairings of the two ((1 + pairings
+    whose |rho| reaches the observed) / (1 + permutations)), and "low", "high", the 95% percentile
+    bootstrap interval over the n pairs (`samples` resamples; one whose a or b is constant has no
+    rho and is left out)."""
+    keep = ~(a.isnan() | b.isnan())
+    a, b = a[keep].double(), b[keep].double()
+    rho = spearman(a, b).item() if len(a) > 1 else float("nan")
+    if math.isnan(rho):
+        return {"rho": rho, "p": float("nan"), "low": float("nan"), "high": float("nan"), "n": len(a)}
+    g = torch.Generator().manual_seed(seed)
+    # a permutation reorders b's ranks, so the ranks are taken once
+    shuffled = torch.rand(permutations, len(b), generator=g).argsort(-1)
+    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    permuted = (ra * rb[shuffled]).sum(-1) / (ra.norm() * rb.norm())
+    p = (1 + (permuted.abs() >= abs(rho) - 1e-12).sum().item()) / (1 + permutations)
+    picks = torch.randint(len(a), (samples, len(a)), generator=g)
+    resampled = spearman(a[picks], b[picks])
+    low, high = resampled.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).clamp(-1, 1).tolist()
+    return {"rho": rho, "p": p, "low": low, "high": high, "n": len(a)}
+
+
+def spearman_over_images(a: torch.Tensor, b: torch.Tensor, samples: int = 1000, seed: int = 0) -> dict:
+    """The 95% percentile bootstrap interval over images of Spearman's rank correlation between the
+    per-unit means (over images, NaN left out) of a and b (units, N images): the images are
+    resampled, the same for every unit, and the correlation of the means taken again; how much the
+    ranking of the units owes to which images were drawn."""
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(a.shape[-1], (samples, a.shape[-1]), generator=g)
+    rho = spearman(a[:, picks].nanmean(-1).T.double(), b[:, picks].nanmean(-1).T.double())
+    low, high = rho.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).clamp(-1, 1).tolist()
+    return {"low": low, "high": high}
 
 
 # ---------------------------------------------------------------------------------- sanity checks

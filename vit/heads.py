@@ -9,24 +9,30 @@ attention output projection, `blocks[i].attn.proj`, where the heads' outputs sta
   what it says about this image goes. Reported: the change in top-1 accuracy and in the
   log-probability of the class predicted on the intact image. Each layer's heads are ablated, both
   ways, in one batch, beside an intact copy of the same images that every change is measured against.
-- Direct logit attribution: what each part of the final residual stream adds to the logit of the
-  predicted class, read through the final norm and the head with each LayerNorm's scale frozen at
-  its value on the intact image (the norm is then linear, and the parts sum to the logit). The
-  parts: the embeddings (patches, positions, prefix tokens), every head of every block, each
-  block's attention output bias and MLP, and a constant (the final norm's bias read by the head,
-  and the head's bias); the norm's mean is taken off each part.
+- Direct logit attribution: what each part of the final residual stream adds to a linear reading
+  of the logits (by default the logit difference between the predicted class and the runner-up;
+  or the predicted class's logit less the mean of all logits, "centred"; or its raw logit),
+  read through the final norm and the head with each LayerNorm's scale frozen at its value on the
+  intact image (the norm is then linear, and the parts sum to the reading). The parts: the
+  embeddings (patches, positions, prefix tokens), every head of every block, each block's
+  attention output bias and MLP, and a constant (the final norm's bias read by the head, and the
+  head's bias); the norm's mean is taken off each part. The raw logit credits every part with
+  what it adds to all classes alike; a difference between classes (TransformerLens's default)
+  counts only what tells them apart.
 - Logit lens (nostalgebraist 2020): the residual stream after each block read by the final norm
   and the head as if the blocks after it were gone; accuracy per layer, and per patch where the
   head reads the patches' mean (`pool: mean`). After the last block it is the model's prediction.
 - High-norm tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): each token's norm
   after each block against the median norm of that image's patch tokens there; tokens above
   `norm_ratio` times it are flagged, by kind (class token, distillation token, registers,
-  patches), with the share of the next block's attention (mean over heads and queries) they get.
+  patches), with the share of the next block's attention (mean over heads and queries) they get,
+  and the share of the class token's attention there (what Darcet et al. measure).
 
 - Looking against using, where the data knows its evidence: each head's attention mass on the
   evidence patches (the evidence patches' attention to the other patches, and the class token's),
   as `vit-attention score` measures it per head, beside its ablation; and the rank correlation
-  over all heads between looking at the evidence and what removing the head costs.
+  over all heads between looking at the evidence and what removing the head costs, with a
+  permutation p-value, a bootstrap interval over heads and one over images.
 
 Figures are means over images with a 95% bootstrap interval over images (`vit.faithfulness.interval`).
 `analyse` runs it all; `vit-attention heads` prints and saves what it returns.
@@ -44,7 +50,15 @@ from torch import nn
 
 from vit.attention_maps import record_attention
 from vit.errors import require
-from vit.faithfulness import device_of, interval, layers_heads_scores, lh_interval, patch_evidence, spearman
+from vit.faithfulness import (
+    device_of,
+    interval,
+    layers_heads_scores,
+    lh_interval,
+    patch_evidence,
+    spearman_over_images,
+    spearman_test,
+)
 from vit.layers import LayerScale
 from vit.model import ViT
 
@@ -54,6 +68,11 @@ from vit.model import ViT
 # spread of ordinary tokens and below the gap the paper shows.
 NORM_RATIO = 4.0  # vit.commands.heads names it too, so that --help needs no torch
 ABLATIONS = ("mean", "zero")
+ATTRIBUTIONS = {  # what the attribution splits: a linear reading of the logits
+    "difference": "the logit of the predicted class minus the runner-up's",
+    "centred": "the logit of the predicted class minus the mean of all the logits",
+    "logit": "the raw logit of the predicted class (parts common to every class get credit too)",
+}
 
 PROTOCOL = {
     "hook": "the heads' outputs at the input of each block's attention output projection",
@@ -62,17 +81,21 @@ PROTOCOL = {
     "ablation change": "ablated minus intact, per image: top-1 accuracy, and the log-probability of "
     "the class predicted on the intact image; the intact copy runs in the same batch",
     "accuracy": "top-1 against the labels (against the intact prediction without labels)",
-    "attribution": "each part's contribution to the predicted class's logit through the final norm "
-    "(its scale frozen at the intact image's, its mean taken off each part) and the head; the parts "
-    "(embeddings, heads, attention output biases, MLPs, the norm's and the head's bias) sum to the logit",
+    "attribution": "each part's contribution to the attributed reading of the logits through the final "
+    "norm (its scale frozen at the intact image's, its mean taken off each part) and the head; the parts "
+    "(embeddings, heads, attention output biases, MLPs, the norm's and the head's bias) sum to the reading",
     "logit lens": "the residual stream after each block read by the final norm and the head",
     "high-norm tokens": "norm after a block over the median norm of the image's patch tokens there, "
     "above the ratio; attention: the share of the next block's attention (mean over heads and "
-    "queries) the flagged tokens receive, against their share of the tokens",
+    "queries; and the class token's, mean over heads) the flagged tokens receive, against their "
+    "share of the tokens; images with no flagged token left out",
     "evidence mass": "per head, the share of the attention's positive mass on evidence patches: the "
     "evidence patches' attention to the other patches (evidence -> evidence), the class token's "
     "(class token -> evidence); the correlation: Spearman's, over every layer and head, of the mean "
     "mass against the mean loss of log-probability under each ablation (intact minus ablated)",
+    "correlation's uncertainty": "p: two-sided, 10000 random pairings of the heads' two figures; "
+    "interval over heads: 95% percentile bootstrap of the heads, 1000 resamples; interval over images: "
+    "95% percentile bootstrap of the images, the heads' means taken again, 1000 resamples",
     "interval": "95% percentile bootstrap over images, 1000 resamples",
 }
 
@@ -88,6 +111,7 @@ class Record:
     mlp: torch.Tensor  # (L, B, N, D): each block's MLP branch, as added to the residual stream
     residual: torch.Tensor  # (L, B, N, D): the residual stream after each block
     attention: torch.Tensor  # (L, B, N): attention each token receives, mean over heads and queries
+    cls_attention: torch.Tensor  # (L, B, N): the first token's attention to each, mean over heads
 
 
 @contextmanager
@@ -116,7 +140,9 @@ def record(model: ViT, images: torch.Tensor) -> Record:
     with (
         torch.no_grad(),
         hooks(*pairs),
-        record_attention(model, layers, lambda w: w.float().mean((1, 2))) as a,
+        record_attention(
+            model, layers, lambda w: torch.stack([w.float().mean((1, 2)), w[:, :, 0].float().mean(1)])
+        ) as a,
     ):
         logits = model(images.to(device_of(model)))
     return Record(
@@ -125,7 +151,8 @@ def record(model: ViT, images: torch.Tensor) -> Record:
         torch.stack(heads).float(),
         torch.stack(mlp).float(),
         torch.stack(residual).float(),
-        torch.stack([a[i][0] for i in layers]),
+        torch.stack([a[i][0][0] for i in layers]),
+        torch.stack([a[i][0][1] for i in layers]),
     )
 
 
@@ -151,27 +178,43 @@ def frozen_norm(norm: nn.LayerNorm, x: torch.Tensor, rows: torch.Tensor) -> torc
     return read - read.mean(-1, keepdim=True)
 
 
+def contrast(logits: torch.Tensor, kind: str = "difference") -> torch.Tensor:
+    """The weights (B, classes) of the linear reading of `logits` (B, classes) that `kind` of
+    `ATTRIBUTIONS` attributes: +1 on the predicted class, and -1 on the runner-up ("difference"),
+    -1/classes on every class ("centred") or nothing more ("logit")."""
+    require(kind in ATTRIBUTIONS, f"unknown attribution {kind!r}; choose one of {', '.join(ATTRIBUTIONS)}")
+    top = logits.topk(min(2, logits.shape[-1]), dim=-1).indices
+    weights = torch.zeros_like(logits, dtype=torch.float32).scatter(-1, top[:, :1], 1.0)
+    if kind == "difference" and logits.shape[-1] > 1:
+        weights.scatter_(-1, top[:, 1:2], -1.0)
+    if kind == "centred":
+        weights -= 1 / logits.shape[-1]
+    return weights
+
+
 def read_vectors(
-    model: ViT, residual: torch.Tensor, targets: torch.Tensor
+    model: ViT, residual: torch.Tensor, weights: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """How the head reads the final residual stream (B, N, D) for the classes `targets` (B,),
-    linearised at it: (R (B, N, D), constant (B,)) with logit[b, targets[b]] equal to the sum over
-    tokens t of residual[b, t] . R[b, t], plus constant[b]. Each LayerNorm's scale is frozen at its
-    value on `residual`, so the same R reads any part of the stream."""
+    """How the head reads the final residual stream (B, N, D) for the reading of the logits
+    weighted by `weights` (B, classes) (`contrast`), linearised at it: (R (B, N, D), constant (B,))
+    with sum_c weights[b, c] logit[b, c] equal to the sum over tokens t of residual[b, t] . R[b, t],
+    plus constant[b]. Each LayerNorm's scale is frozen at its value on `residual`, so the same R
+    reads any part of the stream."""
     pool = pool_weights(model, residual.shape[1], residual.device)
-    rows, bias = model.head.weight[targets].float(), model.head.bias[targets].float()
+    weights = weights.to(residual.device).float()
+    rows, bias = weights @ model.head.weight.float(), weights @ model.head.bias.float()
     if model.config.fc_norm:  # the norm after pooling
         pooled = torch.einsum("n,bnd->bd", pool, residual)
         read = pool[None, :, None] * frozen_norm(model.fc_norm, pooled, rows)[:, None]
-        return read, bias + rows @ model.fc_norm.bias.float()
+        return read, bias + (rows * model.fc_norm.bias.float()).sum(-1)
     read = pool[None, :, None] * frozen_norm(model.norm, residual, rows[:, None])
-    constant = bias + rows @ model.norm.bias.float()
+    constant = bias + (rows * model.norm.bias.float()).sum(-1)
     if model.head_dist is not None:  # DeiT: the mean of the class token's and the distillation token's heads
-        rows_dist = model.head_dist.weight[targets].float()
+        rows_dist = weights @ model.head_dist.weight.float()
         read = read / 2
         read[:, 1] += frozen_norm(model.norm, residual[:, 1], rows_dist) / 2
         constant = (
-            constant + model.head_dist.bias[targets].float() + rows_dist @ model.norm.bias.float()
+            constant + weights @ model.head_dist.bias.float() + (rows_dist * model.norm.bias.float()).sum(-1)
         ) / 2
     return read, constant
 
@@ -181,11 +224,14 @@ def layer_scale(module: nn.Module, dim: int, device: torch.device) -> torch.Tens
 
 
 @torch.no_grad()
-def attribution(model: ViT, found: Record, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Direct logit attribution of the classes `targets` (B,) in a `Record`: "heads" (L, heads, B),
+def attribution(model: ViT, found: Record, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Direct logit attribution in a `Record` of the reading of its logits weighted by `weights`
+    (B, classes) (`contrast`; a one-hot row: one class's logit): "heads" (L, heads, B),
     "attention_bias" (L, B) and "mlp" (L, B) per block, "embeddings" (B,), "constant" (B,: the
-    final norm's bias and the head's bias, as the head reads them) and the "logit" (B,) they sum to."""
-    read, constant = read_vectors(model, found.residual[-1], targets.to(found.residual.device))
+    final norm's bias and the head's bias, as the head reads them) and the "total" (B,: the
+    reading, sum_c weights[b, c] logit[b, c]) they sum to."""
+    weights = weights.to(found.residual.device).float()
+    read, constant = read_vectors(model, found.residual[-1], weights)
     heads, attention_bias, mlp = [], [], []
     for block, outputs, branch in zip(model.blocks, found.heads, found.mlp, strict=True):
         scaled = read * layer_scale(block.ls1, read.shape[-1], read.device)
@@ -202,7 +248,7 @@ def attribution(model: ViT, found: Record, targets: torch.Tensor) -> dict[str, t
         "mlp": torch.stack(mlp),
         "embeddings": (found.embeddings * read).sum((1, 2)),
         "constant": constant,
-        "logit": found.logits.gather(1, targets.to(found.logits.device)[:, None])[:, 0],
+        "total": (found.logits * weights.to(found.logits.device)).sum(-1),
     }
 
 
@@ -287,10 +333,12 @@ def analyse(
     seed: int = 0,
     progress: Callable | None = None,
     evidence: torch.Tensor | None = None,
+    attribute: str = "difference",
 ) -> dict:
     """Ablation, direct logit attribution, logit lens and high-norm tokens of `model` on `images`
     (N, C, H, W in [0, 1]; `labels` (N,) where known), and with `evidence` (N, H, W pixels, bool)
-    each head's attention on it against its ablation. `batch_size` bounds the images of one
+    each head's attention on it against its ablation; `attribute`, which reading of the logits the
+    attribution splits (`ATTRIBUTIONS`). `batch_size` bounds the images of one
     forward pass, copies included (an ablation runs 2 x heads + 1 copies of each image). Returns
     per-image tensors under "per_image" and JSON-ready figures (`interval`s, tables [layer][head])
     for the rest; `progress(iterable)` wraps each loop over chunks (tqdm)."""
@@ -311,21 +359,21 @@ def analyse(
     for start in wrap(range(0, len(images), batch_size)):
         x = images[start : start + batch_size]
         seen = record(model, x)
-        predicted = seen.logits.argmax(-1)
         keep(found, "logits", seen.logits)
-        for name, values in attribution(model, seen, predicted).items():
+        for name, values in attribution(model, seen, contrast(seen.logits, attribute)).items():
             keep(found, f"attribution/{name}", values)
         keep(found, "lens", lens_logits(model, seen.residual).argmax(-1))
         if model.pool == "mean":
             keep(found, "patch_lens", patch_lens_logits(model, seen.residual).argmax(-1))
         keep(found, "ratios", norm_ratios(model, seen.residual))
         keep(found, "attention", seen.attention)
+        keep(found, "cls_attention", seen.cls_attention)
         if inked is not None:
             for name, values in layers_heads_scores(model, x, inked[start : start + batch_size]).items():
                 if name.endswith("/relevance_mass"):  # (L, H, B)
                     keep(found, f"looks/{name.split('/')[0]}", values)
         head_sums = head_sums + seen.heads.sum(dim=1)
-    image_axis = {"logits": 0, "lens": 1, "patch_lens": 1, "ratios": 1, "attention": 1}  # else the last
+    image_axis = {"logits": 0, "lens": 1, "patch_lens": 1, "ratios": 1, "attention": 1, "cls_attention": 1}
     per_image = {k: torch.cat(v, dim=image_axis.get(k, -1)) for k, v in found.items()}
     means = head_sums / len(images)  # (L, N, heads * d_head)
     targets = per_image["logits"].argmax(-1)
@@ -372,6 +420,9 @@ def analyse(
             any_flagged = flagged[layer].any(-1)
             received = (per_image["attention"][layer + 1] * flagged[layer]).sum(-1)
             row["attention_to_flagged"] = summary(received.masked_fill(~any_flagged, float("nan")))
+            if model.cls_token is not None:
+                received = (per_image["cls_attention"][layer + 1] * flagged[layer]).sum(-1)
+                row["cls_attention_to_flagged"] = summary(received.masked_fill(~any_flagged, float("nan")))
             share = flagged[layer].float().mean(-1)
             row["token_share_flagged"] = summary(share.masked_fill(~any_flagged, float("nan")))
         norms_table.append(row)
@@ -382,7 +433,8 @@ def analyse(
         "layers": layers,
         "heads": heads,
         "against": "labels" if labels is not None else "the intact prediction",
-        "protocol": PROTOCOL,
+        "protocol": {**PROTOCOL, "attributed": ATTRIBUTIONS[attribute]},
+        "attribute": attribute,
         "accuracy": summary((targets == truth).float()),
         "ablation": {
             kind: {m: lh_interval(per_image[f"ablation/{kind}/{m}"]) for m in ("accuracy", "log_probability")}
@@ -394,7 +446,7 @@ def analyse(
             "mlp": [summary(v) for v in attributed["mlp"]],
             "embeddings": summary(attributed["embeddings"]),
             "constant": summary(attributed["constant"]),
-            "logit": summary(attributed["logit"]),
+            "total": summary(attributed["total"]),
         },
         "logit_lens": {"accuracy": [summary(v) for v in correct]},
         "norms": {
@@ -405,24 +457,31 @@ def analyse(
         "per_image": per_image,
     }
     if inked is not None:
-        results["evidence"] = looking_against_using(inked, per_image)
+        results["evidence"] = looking_against_using(inked, per_image, seed)
     if "patch_lens" in per_image:  # (L, N images, patches) -> accuracy per layer and patch
         patch_correct = (per_image["patch_lens"] == truth[None, :, None]).float().mean(1)
         results["logit_lens"]["patches"] = patch_correct.tolist()
     return results
 
 
-def looking_against_using(inked: torch.Tensor, per_image: dict) -> dict:
+def looking_against_using(inked: torch.Tensor, per_image: dict, seed: int = 0) -> dict:
     """Each head's attention mass on the evidence patches `inked` (N, patches) (`looks/query`,
     `looks/cls` of `per_image`, (L, H, N)) as figures per layer and head, and the rank correlation
-    over all heads of its mean with the mean loss of log-probability under each ablation."""
-    loss = {kind: -per_image[f"ablation/{kind}/log_probability"].mean(-1).flatten() for kind in ABLATIONS}
-    looks = {k.split("/")[1]: v for k, v in per_image.items() if k.startswith("looks/")}
+    over all heads of its mean with the mean loss of log-probability under each ablation: "rho",
+    its permutation "p", its bootstrap interval over heads ("low", "high") and over images
+    ("images": low, high)."""
+    loss = {kind: -per_image[f"ablation/{kind}/log_probability"].flatten(0, 1) for kind in ABLATIONS}
+    looks = {k.split("/")[1]: v.flatten(0, 1) for k, v in per_image.items() if k.startswith("looks/")}
+
+    def correlation(mass: torch.Tensor, loss: torch.Tensor) -> dict:
+        test = spearman_test(mass.nanmean(-1), loss.mean(-1), seed=seed)
+        return {**test, "images": spearman_over_images(mass, loss, seed=seed)}
+
+    heads = per_image[f"ablation/{ABLATIONS[0]}/log_probability"].shape[1]
     return {
         "share": inked.float().mean().item(),
-        "mass": {name: lh_interval(mass) for name, mass in looks.items()},
+        "mass": {name: lh_interval(mass.unflatten(0, (-1, heads))) for name, mass in looks.items()},
         "spearman": {
-            name: {kind: spearman(mass.nanmean(-1).flatten(), loss[kind]).item() for kind in ABLATIONS}
-            for name, mass in looks.items()
+            name: {kind: correlation(mass, loss[kind]) for kind in ABLATIONS} for name, mass in looks.items()
         },
     }

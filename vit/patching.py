@@ -1,23 +1,29 @@
 """Activation patching: which activations carry what decides the class? A pair of images that
 differ in that (a clean image and a corrupted one: a counterfactual, or the clean image with
-patches replaced) is run twice; the corrupted image is then run again with ONE activation copied
-from the clean image's run, and the share of the clean-minus-corrupted logit difference that one
-activation brings back is its measure (Meng et al. 2022, "causal tracing"; Heimersheim & Nanda
-2024 on how to read it).
+patches taken from an image of another class) is run twice; the corrupted image is then run again
+with ONE activation copied from the clean image's run, and the share of the clean-minus-corrupted
+logit difference that one activation brings back is its measure (Meng et al. 2022, "causal
+tracing"; Heimersheim & Nanda 2024 on how to read it; Zhang & Nanda 2023 on why corruptions
+should stay in distribution, as counterfactuals and resampled patches do and a flat colour does
+not).
 
 - The logit difference: logit[a] - logit[b], a the class of the clean image (its label where the
   pair's labels are known, as for counterfactuals; else its predicted class) and b the corrupted
-  image's (likewise).
-- restored = (patched - corrupted) / (clean - corrupted), in logit differences: 0 the patch brings
-  back nothing, 1 all of it (below 0 or above 1: it overshoots either way). Pairs whose clean and
-  corrupted logit differences lie within `min_gap` of each other (the corruption changed nothing
-  the two classes tell apart, or a = b) are left out: the share is undefined.
+  image's (likewise). Pairs with a = b (the corruption left the class as it was) differ in
+  nothing the measure can see and are left out.
+- restored, the ratio of means (the field's convention): (mean patched - mean corrupted) /
+  (mean clean - mean corrupted) over the pairs, in logit differences: 0 the patch brings back
+  nothing, 1 all of it (below 0 or above 1: it overshoots either way).
+- Beside it, the mean of ratios: each pair's (patched - corrupted) / (clean - corrupted),
+  averaged; undefined for pairs whose clean and corrupted logit differences lie within `min_gap`
+  of each other, which it leaves out (the count is reported); single pairs with small gaps can
+  swing it far.
 - The activations: each head's output (its slice of the input of `blocks[i].attn.proj`, as
   `vit.heads` reads it) and each token of the residual stream after each block (the block's
   output at one token position). A layer's heads, or its tokens, are patched in one batch: one
   copy of each corrupted image per head (per token), with that head (token) from the clean run.
 
-Figures are means over pairs with a 95% bootstrap interval over pairs (`vit.faithfulness.interval`).
+Each figure has a 95% bootstrap interval over pairs (the ratio of means recomputed on each resample).
 `analyse` runs it all; `vit-attention patch` prints and saves what it returns.
 """
 
@@ -38,14 +44,17 @@ SITES = ("heads", "tokens")
 
 PROTOCOL = {
     "logit difference": "logit[a] - logit[b]: a the clean image's class, b the corrupted image's "
-    "(their labels where known, as for counterfactuals; else the predicted classes)",
-    "restored": "(patched - corrupted) / (clean - corrupted), in logit differences: 0 nothing "
-    "brought back, 1 all of it",
+    "(their labels where known, as for counterfactuals; else the predicted classes); pairs with a = b "
+    "left out",
+    "restored": "ratio of means over the pairs: (mean patched - mean corrupted) / (mean clean - mean "
+    "corrupted), in logit differences: 0 nothing brought back, 1 all of it",
+    "mean of ratios": "the mean over pairs of (patched - corrupted) / (clean - corrupted), beside it",
     "patched": "the corrupted image run with one activation copied from the clean image's run",
     "heads": "one head's output: its slice of the input of the block's attention output projection",
     "tokens": "one token of the residual stream after the block (the block's output at that position)",
-    "left out": f"pairs whose clean and corrupted logit differences lie within {MIN_GAP} of each other",
-    "interval": "95% percentile bootstrap over pairs, 1000 resamples",
+    "left out": f"from the mean of ratios, pairs whose clean and corrupted logit differences lie within "
+    f"{MIN_GAP} of each other",
+    "interval": "95% percentile bootstrap over pairs, 1000 resamples (the ratio of means taken again)",
 }
 
 
@@ -54,6 +63,21 @@ def random_patches(images: int, patches: int, k: int, generator: torch.Generator
     require(1 <= k <= patches, f"random:{k} must replace between 1 and {patches} patches")
     order = torch.rand(images, patches, generator=generator).argsort(-1)
     return torch.zeros(images, patches, dtype=torch.bool).scatter(1, order[:, :k], True)
+
+
+def resample_patches(
+    model: ViT, images: torch.Tensor, classes: torch.Tensor, k: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`images` (B, C, H, W) with `k` patches each, at random, taken from the same places of another
+    of the images whose class (`classes` (B,)) differs, picked at random: a corruption that stays
+    in the images' distribution. Returns the corrupted images and each one's donor (B,)."""
+    patches = model.grid_size[0] * model.grid_size[1]
+    removed = random_patches(len(images), patches, k, generator)
+    other = classes[None, :] != classes[:, None]  # (B, B): who may give to whom
+    require(bool(other.any(1).all()), "resampled patches need, for each image, an image of another class; "
+            f"these {len(images)} images are all of class {classes[0].item()}")  # fmt: skip
+    donors = (torch.rand(len(images), len(images), generator=generator) * other).argmax(1)
+    return perturbed(images, removed, images[donors], model.grid_size), donors
 
 
 def replace_patches(
@@ -129,10 +153,37 @@ def logit_difference(logits: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
 
 
 def restored(patched: torch.Tensor, clean: torch.Tensor, corrupted: torch.Tensor, min_gap: float = MIN_GAP):
-    """(patched - corrupted) / (clean - corrupted) of logit differences (..., B) and (B,) (B,); NaN
-    where clean and corrupted lie within `min_gap` of each other."""
+    """Per pair, (patched - corrupted) / (clean - corrupted) of logit differences (..., B) and (B,)
+    (B,); NaN where clean and corrupted lie within `min_gap` of each other."""
     gap = clean - corrupted
     return ((patched - corrupted) / gap).masked_fill(gap.abs() < min_gap, float("nan"))
+
+
+def restored_ratio_of_means(
+    patched: torch.Tensor, clean: torch.Tensor, corrupted: torch.Tensor, samples: int = 1000, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean patched - mean corrupted) / (mean clean - mean corrupted) over the pairs, of logit
+    differences (..., P) and (P,) (P,): (...,), and its 95% percentile bootstrap interval over
+    the pairs, (2, ...) (low, high; each resample of pairs, shared by every unit, gives one ratio
+    of means)."""
+    double = [v.double() for v in (patched, clean, corrupted)]
+    ratio = (double[0].mean(-1) - double[2].mean(-1)) / (double[1].mean(-1) - double[2].mean(-1))
+    pairs = patched.shape[-1]
+    if pairs == 0:
+        nan = torch.full(patched.shape[:-1], float("nan"), dtype=torch.float64)
+        return nan, torch.stack([nan, nan])
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(pairs, (samples, pairs), generator=g)
+    counts = (
+        torch.zeros(samples, pairs, dtype=torch.float64).scatter_add_(
+            1, picks, torch.ones(samples, pairs, dtype=torch.float64)
+        )
+        / pairs
+    )  # (samples, P): each resample's weights, a mean as a product
+    means = [v @ counts.T for v in double]  # (..., samples)
+    resampled = (means[0] - means[2]) / (means[1] - means[2])
+    bounds = resampled.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64), dim=-1)
+    return ratio, bounds
 
 
 def analyse(
@@ -150,7 +201,10 @@ def analyse(
     difference is measured, by default the clean and the corrupted images' predicted classes.
     `batch_size` bounds the images of one forward pass, copies included (a layer's heads run
     heads copies of each image, its tokens N copies). Returns per-pair tensors under "per_pair"
-    and JSON-ready figures (`interval`s, "heads" [layer][head], "tokens" [layer][token])."""
+    ("patched/heads" (L, heads, P) and "patched/tokens" (L, N, P): logit differences; "heads" and
+    "tokens": each pair's ratio, NaN where left out) and JSON-ready figures: "restored" (the ratio
+    of means) and "mean_of_ratios", each `interval`s ["heads"|"tokens"][layer][unit], and "pairs",
+    "pair_counts", how many were used and why the others were not."""
     require(model.config.num_classes > 0, "the model has no head (num_classes 0): it predicts no class")
     require(clean.shape == corrupted.shape, f"clean {tuple(clean.shape)} and corrupted "
             f"{tuple(corrupted.shape)} images must pair up one to one")  # fmt: skip
@@ -170,27 +224,40 @@ def analyse(
             a, b = clean_logits.argmax(-1), corrupted_logits.argmax(-1)
         else:
             a, b = classes[0][start : start + chunk], classes[1][start : start + chunk]
-        high, low = (
-            logit_difference(clean_logits.float(), a, b),
-            logit_difference(corrupted_logits.float(), a, b),
-        )
-        found.setdefault("clean", []).append(high.cpu())
-        found.setdefault("corrupted", []).append(low.cpu())
+        found.setdefault("clean", []).append(logit_difference(clean_logits.float(), a, b).cpu())
+        found.setdefault("corrupted", []).append(logit_difference(corrupted_logits.float(), a, b).cpu())
         found.setdefault("a", []).append(a.cpu())
         found.setdefault("b", []).append(b.cpu())
         for site, values in (("heads", clean_heads), ("tokens", clean_residual)):
-            per_layer = []
-            for layer in range(layers):
-                patched = logit_difference(
-                    patched_logits(model, y, layer, site, values[layer], eye[site]), a, b
-                )
-                per_layer.append(restored(patched, high, low, min_gap).cpu())
-            found.setdefault(site, []).append(torch.stack(per_layer))  # (L, units, B)
+            per_layer = [
+                logit_difference(patched_logits(model, y, layer, site, values[layer], eye[site]), a, b).cpu()
+                for layer in range(layers)
+            ]
+            found.setdefault(f"patched/{site}", []).append(torch.stack(per_layer))  # (L, units, B)
     per_pair = {k: torch.cat(v, dim=-1) for k, v in found.items()}
-    kept = ~(per_pair["clean"] - per_pair["corrupted"]).abs().lt(min_gap)
+    high, low = per_pair["clean"], per_pair["corrupted"]
+    for site in SITES:
+        per_pair[site] = restored(per_pair[f"patched/{site}"], high, low, min_gap)
+    differ = per_pair["a"] != per_pair["b"]  # a = b: a logit difference of zero, clean or not
+    wide = (high - low).abs() >= min_gap
+    ratio_of_means, mean_of_ratios = {}, {}
+    for site in SITES:
+        ratio, (lows, highs) = restored_ratio_of_means(
+            per_pair[f"patched/{site}"][..., differ], high[differ], low[differ], seed=seed
+        )
+        ratio_of_means[site] = [
+            [{"mean": m, "low": lo, "high": hi} for m, lo, hi in zip(*row, strict=True)]
+            for row in zip(ratio.tolist(), lows.tolist(), highs.tolist(), strict=True)
+        ]
+        mean_of_ratios[site] = [[interval(v, seed=seed) for v in layer] for layer in per_pair[site]]
     return {
         "num_pairs": len(clean),
-        "pairs_kept": int(kept.sum()),
+        "pair_counts": {
+            "used": int(differ.sum()),
+            "same_class": int((~differ).sum()),
+            "in_mean_of_ratios": int(wide.sum()),
+            "gap_under_min_gap": int((~wide).sum()),
+        },
         "min_gap": min_gap,
         "layers": layers,
         "heads": heads,
@@ -200,11 +267,10 @@ def analyse(
         "token_names": token_names(model),
         "protocol": {**PROTOCOL, "left out": PROTOCOL["left out"].replace(str(MIN_GAP), f"{min_gap:g}")},
         "logit_difference": {
-            "clean": interval(per_pair["clean"].masked_fill(~kept, float("nan")), seed=seed),
-            "corrupted": interval(per_pair["corrupted"].masked_fill(~kept, float("nan")), seed=seed),
+            "clean": interval(high.masked_fill(~differ, float("nan")), seed=seed),
+            "corrupted": interval(low.masked_fill(~differ, float("nan")), seed=seed),
         },
-        "restored": {
-            site: [[interval(v, seed=seed) for v in layer] for layer in per_pair[site]] for site in SITES
-        },
+        "restored": ratio_of_means,
+        "mean_of_ratios": mean_of_ratios,
         "per_pair": per_pair,
     }

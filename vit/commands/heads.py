@@ -35,13 +35,21 @@ from vit.commands.inputs import check_counts, check_images, load_inputs, torch_d
 from vit.errors import UsageError
 
 NORM_RATIO = 4.0  # vit.heads.NORM_RATIO, here so that --help needs no torch (a test checks them)
+ATTRIBUTIONS = ("difference", "centred", "logit")  # vit.heads.ATTRIBUTIONS, the first the default
+READINGS = {  # what the attribution's parts sum to, as the tables name it
+    "difference": "the logit difference, predicted class - runner-up",
+    "centred": "the centred logit of the predicted class",
+    "logit": "the logit of the predicted class",
+}
 
 
 def table(results: dict) -> str:
     """The figures of `vit.heads.analyse` as text tables: heads, other parts, logit lens, norms."""
     from vit.faithfulness import as_text as cell
 
-    lines = ["", "each head: ablated alone (change, mean [95% interval]) and its direct logit attribution"]
+    reading = READINGS[results["attribute"]]
+    lines = ["", "each head: ablated alone (change, mean [95% interval]) and its direct logit attribution",
+             f"(attribution: each head's direct share of {reading})"]  # fmt: skip
     lines.append("layer head".ljust(12) + "".join(name.ljust(26) for name in (
         "mean abl., accuracy", "mean abl., log-prob.", "zero abl., accuracy", "zero abl., log-prob.",
         "attribution")))  # fmt: skip
@@ -52,13 +60,13 @@ def table(results: dict) -> str:
                      for m in ("accuracy", "log_probability")]  # fmt: skip
             cells.append(attributed["heads"][layer][head])
             lines.append(f"{layer:<5d} {head:<6d}" + "".join(cell(c).ljust(26) for c in cells))
-    lines += ["", "the rest of the predicted logit", "part".ljust(28) + "attribution"]
+    lines += ["", f"the rest of {reading}", "part".ljust(28) + "attribution"]
     lines.append("embeddings".ljust(28) + cell(attributed["embeddings"]))
     for layer, (bias, mlp) in enumerate(zip(attributed["attention_bias"], attributed["mlp"], strict=True)):
         lines.append(f"block {layer} attention bias".ljust(28) + cell(bias))
         lines.append(f"block {layer} MLP".ljust(28) + cell(mlp))
     lines.append("final norm and head biases".ljust(28) + cell(attributed["constant"]))
-    lines.append("the logit (their sum)".ljust(28) + cell(attributed["logit"]))
+    lines.append("their sum".ljust(28) + cell(attributed["total"]))
     lines += [
         "",
         f"logit lens: top-1 accuracy against {results['against']}",
@@ -75,8 +83,11 @@ def table(results: dict) -> str:
     columns += [(f"{kind}_flagged", f"{kind} flagged") for kind in norms["token_kinds"]]
     columns += [
         ("attention_to_flagged", "next attention to them"),
+        ("cls_attention_to_flagged", "class token's attention"),
         ("token_share_flagged", "their token share"),
     ]
+    if not any("cls_attention_to_flagged" in row for row in norms["layers"]):
+        columns.remove(("cls_attention_to_flagged", "class token's attention"))
     lines.append("after block".ljust(14) + "".join(name.ljust(26) for _, name in columns))
     for layer, row in enumerate(norms["layers"]):
         shown = [cell(row[k]) if k in row and not math.isnan(row[k]["mean"]) else "-" for k, _ in columns]
@@ -104,10 +115,14 @@ def looking_table(results: dict) -> list[str]:
             cells += [results["ablation"][kind]["log_probability"][layer][head] for kind in ("mean", "zero")]
             lines.append(f"{layer:<5d} {head:<6d}" + "".join(cell(c).ljust(26) for c in cells))
     lines.append(f"rank correlation over the {results['layers'] * results['heads']} heads of the mass "
-                 "with the loss of log-probability when the head is ablated:")  # fmt: skip
+                 "with the loss of log-probability when the head is ablated (Spearman's rho, "
+                 "permutation p, 95% intervals over heads and over images):")  # fmt: skip
     for name in names:
-        rho = found["spearman"][name]
-        lines.append(f"  {LOOKS[name]}: mean ablation {rho['mean']:+.2f}, zero ablation {rho['zero']:+.2f}")
+        for kind in ("mean", "zero"):
+            r = found["spearman"][name][kind]
+            lines.append(f"  {LOOKS[name]}, {kind} ablation: {r['rho']:+.2f} p {r['p']:.3f} heads "
+                         f"[{r['low']:+.2f}, {r['high']:+.2f}] images [{r['images']['low']:+.2f}, "
+                         f"{r['images']['high']:+.2f}]")  # fmt: skip
     return lines
 
 
@@ -121,6 +136,7 @@ def heads(
     images: list[Path] | None = None,
     num_images: int = 512,
     norm_ratio: float = NORM_RATIO,
+    attribute: str = ATTRIBUTIONS[0],
     out: Path | None = None,
     batch_size: int = 64,
     device: str = "auto",
@@ -147,7 +163,15 @@ def heads(
     batch, what = inputs.images, inputs.description
     evidence, _ = inputs.evidence()
     results = analyse(
-        network, batch, inputs.labels, batch_size, norm_ratio, seed, progress_bar("heads"), evidence
+        network,
+        batch,
+        inputs.labels,
+        batch_size,
+        norm_ratio,
+        seed,
+        progress_bar("heads"),
+        evidence,
+        attribute,
     )
     results.pop("per_image")
     seconds = time.perf_counter() - started
@@ -172,7 +196,8 @@ def parser() -> Parser:
         description=(
             "Which heads does the model use? Each head ablated alone (replaced by its mean over the "
             "images, per token, and by zero): the change in accuracy and in the log-probability of "
-            "the predicted class; each head's direct contribution to the predicted logit; the logit "
+            "the predicted class; each head's direct contribution to the logit difference between "
+            "the predicted class and the runner-up (--attribute); the logit "
             "lens after each block; high-norm tokens per layer; where the data knows its evidence, "
             "each head's attention mass on it beside its ablation. Each with a 95% bootstrap "
             "interval over images."
@@ -186,6 +211,10 @@ def parser() -> Parser:
         help="how many test images, spread over the test split")  # fmt: skip
     add("--norm_ratio", type=float, default=NORM_RATIO, metavar="R",
         help="a token is high-norm above R times its image's median patch-token norm there")  # fmt: skip
+    add("--attribute", default=ATTRIBUTIONS[0], choices=ATTRIBUTIONS,
+        help="what the direct attribution splits: the logit difference between the predicted class "
+        "and the runner-up (default; only what tells them apart), the predicted logit less the mean "
+        "logit (centred), or the raw logit (parts common to every class get credit too)")  # fmt: skip
     add(
         "--out",
         default=None,

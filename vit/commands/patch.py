@@ -8,9 +8,11 @@ or one token of the residual stream copied from the clean one's run.
 
 The pairs: by default the data module's counterfactuals where it has them (two circles: one
 circle moved so that the class changes, everything else identical), else each image with a
-quarter of its patches, at random, replaced by the images' mean colour (`--corrupt random:K`: K
-of them; `--corrupt evidence`: the evidence patches, where the data knows them); or the pairs of
-image files a CSV lists (`--pairs`: clean,corrupted a line). Loads as `vit-attention` does
+quarter of its patches, at random, taken from the same places of an image of another class
+(`--corrupt resample:K`: K of them; corrupted images that stay in the data's distribution). Or
+patches replaced by the images' mean colour (`--corrupt random:K`; `--corrupt evidence`: the
+evidence patches, where the data knows them), or the pairs of image files a CSV lists (`--pairs`:
+clean,corrupted a line). Loads as `vit-attention` does
 (`vit.commands.inputs`); prints the tables; with `--out`, writes patch.json (protocol, settings,
 figures) and the figures. Bad input is one line `error: ...` (exit 2 or 1), checked before
 anything is computed or written.
@@ -39,19 +41,20 @@ from vit.commands.base import (
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
-CORRUPTIONS = ("counterfactual", "evidence", "random:K")
+CORRUPTIONS = ("counterfactual", "resample:K", "random:K", "evidence")
 MIN_GAP = 0.1  # vit.patching.MIN_GAP, here so that --help needs no torch (a test checks them)
 
 
 def parse_corrupt(corrupt: str | None) -> tuple[str | None, int | None]:
-    """--corrupt counterfactual, evidence, random (a quarter of the patches) or random:K -> (kind, K)."""
+    """--corrupt counterfactual, evidence, resample or random (a quarter of the patches), resample:K
+    or random:K -> (kind, K)."""
     if corrupt is None or corrupt in ("counterfactual", "evidence"):
         return corrupt, None
     kind, colon, count = corrupt.partition(":")
-    if kind == "random" and not colon:
-        return "random", None
-    if kind == "random" and count.isdigit() and int(count) >= 1:
-        return "random", int(count)
+    if kind in ("resample", "random") and not colon:
+        return kind, None
+    if kind in ("resample", "random") and count.isdigit() and int(count) >= 1:
+        return kind, int(count)
     raise UsageError(f"--corrupt {corrupt!r}: choose one of {', '.join(CORRUPTIONS)} (K at least 1)")
 
 
@@ -82,26 +85,33 @@ def read_pairs(path: str | Path) -> list[tuple[Path, Path]]:
 
 
 def table(results: dict, top: int = 3) -> str:
-    """The figures of `vit.patching.analyse` as text tables: heads by layer, and per layer the
-    tokens that restore the most."""
+    """The figures of `vit.patching.analyse` as text tables: heads by layer (the ratio of means,
+    the mean of ratios beside it), and per layer the tokens that restore the most."""
     from vit.faithfulness import as_text as cell
 
     heads, tokens = results["restored"]["heads"], results["restored"]["tokens"]
+    beside = results["mean_of_ratios"]
     lines = [
         "",
-        "share of the logit difference restored by each head's output patched alone (mean [95% interval])",
-        "layer".ljust(7) + "".join(f"head {h}".ljust(24) for h in range(results["heads"])),
+        "share of the logit difference restored by each head's output patched alone: the ratio of means "
+        "[95% interval]; the mean of ratios below it",
+        "layer".ljust(13) + "".join(f"head {h}".ljust(24) for h in range(results["heads"])),
     ]
     for layer, row in enumerate(heads):
-        lines.append(f"{layer}".ljust(7) + "".join(cell(c).ljust(24) for c in row))
-    lines += ["", f"the {top} tokens of the residual stream after each block that restore the most"]
-    lines.append("after block".ljust(13) + "token".ljust(18) + "restored")
+        lines.append(f"{layer}".ljust(13) + "".join(cell(c).ljust(24) for c in row))
+        lines.append("  of ratios".ljust(13) + "".join(cell(c).ljust(24) for c in beside["heads"][layer]))
+    lines += [
+        "",
+        f"the {top} tokens of the residual stream after each block that restore the most (ratio of means)",
+    ]
+    lines.append("after block".ljust(13) + "token".ljust(18) + "restored".ljust(24) + "mean of ratios")
     for layer, row in enumerate(tokens):
-        means = [-math.inf if math.isnan(c["mean"]) else c["mean"] for c in row]  # NaN: no pair kept
+        means = [-math.inf if math.isnan(c["mean"]) else c["mean"] for c in row]  # NaN: no pair used
         order = sorted(range(len(row)), key=lambda t: -means[t])
         for rank, token in enumerate(order[:top]):
             name = results["token_names"][token]
-            lines.append((f"{layer}" if rank == 0 else "").ljust(13) + name.ljust(18) + cell(row[token]))
+            cells = cell(row[token]).ljust(24) + cell(beside["tokens"][layer][token])
+            lines.append((f"{layer}" if rank == 0 else "").ljust(13) + name.ljust(18) + cells)
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -151,7 +161,7 @@ def patch(
     device = torch_device(device)
 
     from vit.faithfulness import patch_evidence
-    from vit.patching import analyse, random_patches, replace_patches
+    from vit.patching import analyse, random_patches, replace_patches, resample_patches
 
     classes = None
     if listed is not None:
@@ -169,7 +179,7 @@ def patch(
         inputs = load_inputs(ckpt, model, weights, images, num_images, data, datamodule_class)
         network, clean, datamodule = inputs.model, inputs.images, inputs.datamodule
         has_counterfactuals = datamodule is not None and hasattr(datamodule, "counterfactuals")
-        kind = kind or ("counterfactual" if has_counterfactuals else "random")
+        kind = kind or ("counterfactual" if has_counterfactuals else "resample")
         if kind == "counterfactual":
             if not has_counterfactuals:
                 name = type(datamodule).__name__
@@ -190,11 +200,26 @@ def patch(
             else:
                 count = count or max(1, patches // 4)
                 if count > patches:
-                    raise UsageError(f"--corrupt random:{count}: the model's images have {patches} patches")
-                removed = random_patches(len(clean), patches, count, torch.Generator().manual_seed(seed))
+                    raise UsageError(f"--corrupt {kind}:{count}: the model's images have {patches} patches")
                 what = f"{inputs.description}, {count} of {patches} patches at random"
-            what += " replaced by the mean colour"
-            corrupted = replace_patches(network, clean, removed, clean.mean(dim=(0, 2, 3)))
+            generator = torch.Generator().manual_seed(seed)
+            if kind == "resample":
+                if inputs.labels is not None:
+                    known, whose = inputs.labels, "labels"
+                else:
+                    with torch.no_grad():
+                        known, whose = network.eval()(clean).argmax(-1), "predicted classes"
+                if (known == known[0]).all():
+                    raise UsageError(f"--corrupt resample: the {len(clean)} images' {whose} are all "
+                                     f"{known[0].item()}: no image of another class to take patches from; "
+                                     "more images, or --corrupt random:K")  # fmt: skip
+                corrupted = resample_patches(network, clean, known, count, generator)[0]
+                what += f" taken from an image of another class (by their {whose})"
+            else:
+                if kind == "random":
+                    removed = random_patches(len(clean), patches, count, generator)
+                what += " replaced by the mean colour"
+                corrupted = replace_patches(network, clean, removed, clean.mean(dim=(0, 2, 3)))
     network.to(device)
 
     results = analyse(network, clean, corrupted, classes, batch_size, min_gap, seed, progress_bar("patching"))
@@ -205,13 +230,17 @@ def patch(
     results["settings"] = settings(ckpt or model, seconds, batch_size=batch_size, seed=seed, device=device)
     print(f"patched {results['layers']} layers x {results['heads']} heads and {results['tokens']} tokens "
           f"on {what} in {seconds:.1f} s")  # fmt: skip
-    kept, total = results["pairs_kept"], results["num_pairs"]
-    print(f"{kept} of {total} pairs kept (the others' clean and corrupted logit differences lie within "
-          f"{results['min_gap']:g}); logit difference ({results['classes']}): clean "
-          f"{results['logit_difference']['clean']['mean']:.3f}, "
+    used, total = results["pair_counts"], results["num_pairs"]
+    print(f"{used['used']} of {total} pairs used ({used['same_class']} left out: the corruption left the "
+          f"class as it was); the mean of ratios over {used['in_mean_of_ratios']} "
+          f"({used['gap_under_min_gap']} left out: clean and corrupted logit differences within "
+          f"{results['min_gap']:g}); logit "
+          f"difference ({results['classes']}): clean {results['logit_difference']['clean']['mean']:.3f}, "
           f"corrupted {results['logit_difference']['corrupted']['mean']:.3f}")  # fmt: skip
-    if kept == 0:
-        print("no pair kept: every share is undefined (nan); more pairs, or a smaller --min_gap")
+    if used["used"] == 0:
+        print(
+            "no pair used: every share is undefined (nan); more pairs, or a corruption that changes the class"
+        )
     print(table(results))
     if out is not None:
         files = {"patch.json": json.dumps(results, indent=1)}
@@ -240,13 +269,16 @@ def parser() -> Parser:
         help="pairs of image files, clean,corrupted a line (paths relative to the CSV's folder), "
         "read as --images are; instead of --corrupt")  # fmt: skip
     add("--corrupt", default=None, metavar="HOW",
-        help="counterfactual (the data module's: two circles), evidence (the evidence patches "
-        "replaced by the mean colour) or random:K (K random patches replaced); default: the "
-        "counterfactuals where the data module has them, else random, a quarter of the patches")  # fmt: skip
+        help="counterfactual (the data module's: two circles); resample:K (K random patches taken "
+        "from the same places of an image of another class); random:K (K random patches replaced "
+        "by the mean colour); evidence (the evidence patches replaced by the mean colour); default: "
+        "the counterfactuals where the data module has them, else resample, a quarter of the "
+        "patches")  # fmt: skip
     add("--num_images", type=int, default=64, metavar="N",
         help="how many pairs (test images, spread over the test split)")  # fmt: skip
     add("--min_gap", type=float, default=MIN_GAP, metavar="LOGITS",
-        help="pairs whose clean and corrupted logit differences lie closer are left out")  # fmt: skip
+        help="pairs whose clean and corrupted logit differences lie closer are left out of the mean "
+        "of ratios (the ratio of means keeps them)")  # fmt: skip
     add(
         "--out",
         default=None,
