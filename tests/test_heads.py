@@ -19,7 +19,8 @@ from vit.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, 
 
 def test_the_command_names_the_library_defaults():
     assert heads_command.NORM_RATIO == NORM_RATIO
-    assert heads_command.ATTRIBUTIONS == tuple(ATTRIBUTIONS) and set(heads_command.READINGS) == set(ATTRIBUTIONS)
+    assert heads_command.ATTRIBUTIONS == tuple(ATTRIBUTIONS)
+    assert set(heads_command.READINGS) == set(ATTRIBUTIONS)
 
 
 @pytest.mark.parametrize(
@@ -303,8 +304,11 @@ def test_mean_ablation_replaces_each_position_with_its_own_mean():
     assert per_image["ablation/zero/log_probability"].abs().amax() > 1e-2  # the heads do matter
 
 
-@pytest.mark.parametrize("options", [{}, {"pool": "mean"}, {"pool": "mean", "fc_norm": True}, {"num_registers": 2}],
-                         ids=["cls", "mean", "fc_norm", "registers"])  # fmt: skip
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"pool": "mean"}, {"pool": "mean", "fc_norm": True}, {"num_registers": 2}],
+    ids=["cls", "mean", "fc_norm", "registers"],
+)
 def test_the_logit_lens_after_each_block_is_the_model_cut_after_that_block(options):
     model = perturbed_model(**options)
     images = torch.rand(5, 1, 16, 16)

@@ -79,7 +79,8 @@ def test_the_one_working_head_restores_all_and_every_other_head_none():
     bright, dark = torch.ones(4, 1, 8, 8), torch.zeros(4, 1, 8, 8)
     results = analyse(model, bright, dark, batch_size=10)  # 2 pairs of 5 copies at once
     heads = results["per_pair"]["heads"]  # (layers, heads, pairs)
-    assert results["pair_counts"] == {"used": 4, "same_class": 0, "in_mean_of_ratios": 4, "gap_under_min_gap": 0}
+    counts = {"used": 4, "same_class": 0, "in_mean_of_ratios": 4, "gap_under_min_gap": 0}
+    assert results["pair_counts"] == counts
     torch.testing.assert_close(heads[0, 1], torch.ones(4), atol=1e-6, rtol=0)
     assert (heads[[0, 1, 1], [0, 0, 1]] == 0).all()
     assert results["restored"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
@@ -262,7 +263,8 @@ def test_pairs_whose_corruption_leaves_the_class_are_left_out_and_counted():
     clean = torch.cat([torch.ones(3, 1, 8, 8), torch.ones(1, 1, 8, 8)])
     corrupted = torch.cat([torch.zeros(3, 1, 8, 8), torch.ones(1, 1, 8, 8)])
     results = analyse(model, clean, corrupted, batch_size=10)
-    assert results["pair_counts"] == {"used": 3, "same_class": 1, "in_mean_of_ratios": 3, "gap_under_min_gap": 1}
+    counts = {"used": 3, "same_class": 1, "in_mean_of_ratios": 3, "gap_under_min_gap": 1}
+    assert results["pair_counts"] == counts
     assert results["restored"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
     assert results["mean_of_ratios"]["heads"][0][1]["mean"] == pytest.approx(1.0, abs=1e-6)
     gap = (results["per_pair"]["clean"] - results["per_pair"]["corrupted"])[0].item()
@@ -287,7 +289,7 @@ def test_resampled_patches_come_from_the_same_places_of_an_image_of_another_clas
         resample_patches(model, images, torch.ones(6, dtype=torch.long), 2, torch.Generator())
 
 
-def test_corrupt_resample_is_the_default_without_counterfactuals(trained_checkpoint, tmp_path, capsys, monkeypatch):
+def test_corrupt_resample_takes_k_patches_from_other_classes(trained_checkpoint, capsys, monkeypatch):
     seen = capture_pairs(monkeypatch)
     attention_main(["patch", "--ckpt", trained_checkpoint, "--num_images", "6", "--corrupt", "resample:3"])
     printed = capsys.readouterr().out

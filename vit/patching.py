@@ -203,7 +203,7 @@ def analyse(
     heads copies of each image, its tokens N copies). Returns per-pair tensors under "per_pair"
     ("patched/heads" (L, heads, P) and "patched/tokens" (L, N, P): logit differences; "heads" and
     "tokens": each pair's ratio, NaN where left out) and JSON-ready figures: "restored" (the ratio
-    of means) and "mean_of_ratios", each `interval`s ["heads"|"tokens"][layer][unit], and "pairs",
+    of means) and "mean_of_ratios", each `interval`s ["heads"|"tokens"][layer][unit], and
     "pair_counts", how many were used and why the others were not."""
     require(model.config.num_classes > 0, "the model has no head (num_classes 0): it predicts no class")
     require(clean.shape == corrupted.shape, f"clean {tuple(clean.shape)} and corrupted "
