@@ -17,7 +17,7 @@ import torch
 
 from vit.checkpoint import load_checkpoint
 from vit.commands.inputs import spread_test_images
-from vit.faithfulness import as_text, interval
+from vit.stats import as_text, interval
 
 
 def predictions(

@@ -15,8 +15,9 @@ import argparse
 
 from vit.checkpoint import load_checkpoint
 from vit.commands.inputs import spread_test_images
-from vit.faithfulness import as_text, interval, patch_evidence
+from vit.faithfulness import patch_evidence
 from vit.patching import MIN_GAP, analyse
+from vit.stats import as_text, interval
 
 
 def main(argv: list[str] | None = None) -> None:

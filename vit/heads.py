@@ -50,17 +50,10 @@ from torch import nn
 
 from vit.attention_maps import record_attention
 from vit.errors import require
-from vit.faithfulness import (
-    device_of,
-    interval,
-    layers_heads_scores,
-    lh_interval,
-    patch_evidence,
-    spearman_over_images,
-    spearman_test,
-)
+from vit.faithfulness import device_of, layers_heads_scores, patch_evidence
 from vit.layers import LayerScale
 from vit.model import ViT
+from vit.stats import interval, lh_interval, spearman_over_images, spearman_test
 
 # Darcet et al. call a token high-norm when its norm exceeds 150 in DINOv2 ViT-g, whose norms are
 # bimodal with the ordinary tokens far below. A ratio to the image's median patch-token norm

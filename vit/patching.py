@@ -35,9 +35,10 @@ import torch
 from einops import rearrange
 
 from vit.errors import require
-from vit.faithfulness import device_of, interval, perturbed
+from vit.faithfulness import device_of, perturbed
 from vit.heads import hooks, token_kinds
 from vit.model import ViT
+from vit.stats import interval
 
 MIN_GAP = 0.1  # logits: pairs whose clean and corrupted logit differences are closer are left out
 SITES = ("heads", "tokens")

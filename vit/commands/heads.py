@@ -45,7 +45,7 @@ READINGS = {  # what the attribution's parts sum to, as the tables name it
 
 def table(results: dict) -> str:
     """The figures of `vit.heads.analyse` as text tables: heads, other parts, logit lens, norms."""
-    from vit.faithfulness import as_text as cell
+    from vit.stats import as_text as cell
 
     reading = READINGS[results["attribute"]]
     lines = ["", "each head: ablated alone (change, mean [95% interval]) and its direct logit attribution",
@@ -101,7 +101,7 @@ LOOKS = {"query": "evidence -> evidence", "cls": "class token -> evidence"}
 
 def looking_table(results: dict) -> list[str]:
     """Each head's attention mass on the evidence beside its ablation, and their rank correlation."""
-    from vit.faithfulness import as_text as cell
+    from vit.stats import as_text as cell
 
     found = results["evidence"]
     names = [name for name in LOOKS if name in found["mass"]]

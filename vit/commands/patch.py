@@ -87,7 +87,7 @@ def read_pairs(path: str | Path) -> list[tuple[Path, Path]]:
 def table(results: dict, top: int = 3) -> str:
     """The figures of `vit.patching.analyse` as text tables: heads by layer (the ratio of means,
     the mean of ratios beside it), and per layer the tokens that restore the most."""
-    from vit.faithfulness import as_text as cell
+    from vit.stats import as_text as cell
 
     heads, tokens = results["restored"]["heads"], results["restored"]["tokens"]
     beside = results["mean_of_ratios"]

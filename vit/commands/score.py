@@ -38,7 +38,7 @@ METHOD_NAMES = ("cls", "rollout", "grad-rollout", "input-gradient", "random", "e
 
 def table(results: dict) -> str:
     """The figures of `vit.faithfulness.score` as text tables: perturbation, evidence, sanity."""
-    from vit.faithfulness import as_text as cell
+    from vit.stats import as_text as cell
 
     figures = results["figures"]
     width = max(len(m) for m in figures) + 2
