@@ -5,8 +5,8 @@ summed over the circles' patches (in the clean image or its counterfactual) and 
 
 `vit-attention patch` averages each token position over the pairs, where the circles sit anywhere;
 this splits each pair's tokens by where its circles are. Prints each share (the sum over the
-tokens of a kind, and per token) with a 95% bootstrap interval over pairs, after each block
-(the class token's too, where there is one).
+tokens of a kind, and per token) as a ratio of means over pairs with its 95% bootstrap interval,
+and the mean of ratios beside it, after each block (the class token's too, where there is one).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 from vit.checkpoint import load_checkpoint
 from vit.commands.inputs import spread_test_images
 from vit.faithfulness import patch_evidence
-from vit.patching import MIN_GAP, analyse
+from vit.patching import MIN_GAP, analyse, restored, restored_ratio_of_means
 from vit.stats import as_text, interval
 
 
@@ -42,8 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     per_pair = circles.sum(1).float().mean()
     print(f"{len(images)} pairs; circle patches per pair {per_pair:.1f} of {circles.shape[1]}")
     background = ~circles
-    for layer, tokens in enumerate(found["per_pair"]["tokens"]):  # (tokens, pairs) after each block
-        patches = tokens[prefix:].T  # (pairs, patches)
+    clean, corrupted = found["per_pair"]["clean"], found["per_pair"]["corrupted"]
+    print("share of the logit difference restored: ratio of means over pairs [95% interval]; mean of ratios")
+    for layer, tokens in enumerate(found["per_pair"]["patched/tokens"]):  # (tokens, pairs) after each block
+        gained = (tokens - corrupted).T  # (pairs, tokens): what patching each token brings back
+        patches = gained[:, prefix:]
         rows = {
             "circle patches, all": (patches * circles).sum(1),
             "background patches, all": (patches * background).sum(1),
@@ -52,10 +55,13 @@ def main(argv: list[str] | None = None) -> None:
             "the largest background patch": patches.masked_fill(circles, float("-inf")).max(1).values,
         }
         if prefix:
-            rows["the class token"] = tokens[0]
+            rows["the class token"] = gained[:, 0]
         print(f"after block {layer}")
         for name, values in rows.items():
-            print(f"  {name:30s} {as_text(interval(values))}")
+            ratio, (low, high) = restored_ratio_of_means((corrupted + values)[None], clean, corrupted)
+            each = restored((corrupted + values)[None], clean, corrupted, args.min_gap)[0]
+            figure = {"mean": ratio.item(), "low": low.item(), "high": high.item()}
+            print(f"  {name:30s} {as_text(figure)}   {as_text(interval(each))}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at a tiny size and report what they say."""
 
+import json
 import re
 import subprocess
 import sys
@@ -368,3 +369,19 @@ def test_demo_seeds_reports_each_seed_and_goes_on_where_it_stopped(tmp_path):
         "demo_seeds.py", "--seeds", "5", "--out", str(out), "--runs", str(runs), "--", "--model.lr", "1"
     )
     assert other.returncode != 0 and "holds another config or options" in other.stderr
+
+
+@pytest.mark.slow
+def test_the_heads_study_writes_every_file_docs_heads_reads(tmp_path):
+    out = tmp_path / "heads"
+    result = run_script("heads_study.py", "--smoke", "--models", "relpos", "--out", str(out),
+                        "--runs", str(tmp_path / "runs"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    suffixes = ["heads.txt", "heads.json", "heads_raw_logit.txt", "heads_raw_logit.json", "patch.txt",
+                "patch.json", "patch_by_evidence.txt", "even_attention.txt", "circle_attention.txt",
+                "ablation_mean.png", "patch_heads.png"]  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["machine.json"] + [f"relpos_{s}" for s in suffixes]
+    )
+    assert json.loads((out / "relpos_heads_raw_logit.json").read_text())["attribute"] == "logit"
+    assert "ratio of means" in (out / "relpos_patch_by_evidence.txt").read_text()
