@@ -216,6 +216,13 @@ def test_each_heads_mass_on_the_evidence_is_the_one_score_measures_and_ranks_aga
             expected = torch.corrcoef(torch.stack(ranks))[0, 1].item()
             assert found["spearman"][name][kind]["rho"] == pytest.approx(expected, abs=1e-6)
     assert "evidence" not in analyse(model, images, labels, batch_size=24)  # nothing known, nothing said
+    reseeded = analyse(model, images, labels, batch_size=24, evidence=evidence, seed=1)["evidence"][
+        "spearman"
+    ]
+    for name in ("query", "cls"):  # the same correlation; its resampling follows the seed
+        first, second = found["spearman"][name]["mean"], reseeded[name]["mean"]
+        assert first["rho"] == second["rho"] and first["n"] == second["n"] == 4
+        assert first["p"] != second["p"]
 
 
 @pytest.mark.parametrize(
@@ -366,3 +373,35 @@ def test_the_norm_ratio_divides_by_the_median_of_the_patch_tokens_only():
     residual = torch.zeros(1, 1, 12, 8)
     residual[..., 0] = norms
     torch.testing.assert_close(norm_ratios(model, residual)[0, 0], norms / 5)  # the patches' median is 5
+
+
+def test_each_ablated_copy_is_measured_against_the_intact_copy():
+    from vit.heads import ablation_changes
+
+    logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]], [[0.0, 3.0]]])  # intact, then two ablated copies
+    accuracy, log_p = ablation_changes(logits, torch.tensor([0]), torch.tensor([0]))
+    assert accuracy.tolist() == [[-1.0], [-1.0]]
+    expected = logits.log_softmax(-1)[:, 0, 0]
+    torch.testing.assert_close(log_p[:, 0], expected[1:] - expected[0])
+
+
+def test_two_classes_have_a_runner_up_and_the_default_is_the_difference():
+    logits = torch.tensor([[0.5, 2.0], [1.0, -1.0]])
+    assert contrast(logits).tolist() == [[-1.0, 1.0], [1.0, -1.0]]
+    assert torch.equal(contrast(logits), contrast(logits, "difference"))
+    with pytest.raises(ValueError, match="choose one of difference, centred, logit"):
+        contrast(logits, "probability")
+
+
+def test_the_prefix_tokens_are_named_by_kind():
+    from vit.heads import token_kinds
+
+    kinds = {
+        "class token only": ({}, ["class token"]),
+        "distilled, 2 registers": ({"distilled": True, "num_registers": 2},
+                                   ["class token", "distillation token", "registers", "registers"]),
+        "no class token": ({"class_token": False, "pool": "mean"}, []),
+    }  # fmt: skip
+    for name, (options, expected) in kinds.items():
+        model = ViT(preset="micro", image_size=8, patch_size=4, in_channels=1, num_classes=2, **options)
+        assert token_kinds(model) == expected, name

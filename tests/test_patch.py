@@ -299,3 +299,51 @@ def test_corrupt_resample_takes_k_patches_from_other_classes(trained_checkpoint,
     assert patch_command.parse_corrupt(None) == (None, None)
     assert patch_command.parse_corrupt("resample") == ("resample", None)
     assert patch_command.parse_corrupt("resample:5") == ("resample", 5)
+
+
+def test_a_gap_of_exactly_min_gap_is_kept_and_random_patches_take_one_to_all():
+    from vit.patching import random_patches
+
+    shares = restored(
+        torch.tensor([[1.0, 1.0]]), torch.tensor([2.0, 0.5]), torch.tensor([0.0, 0.0]), min_gap=0.5
+    )
+    assert shares.tolist() == [[0.5, 2.0]]
+    g = torch.Generator().manual_seed(0)
+    assert random_patches(3, 4, 1, g).sum(1).tolist() == [1, 1, 1] and random_patches(3, 4, 4, g).all()
+    for k in (0, 5):
+        with pytest.raises(ValueError, match=f"random:{k} must replace between 1 and 4 patches"):
+            random_patches(3, 4, k, g)
+
+
+def test_resampling_is_seeded_picks_many_donors_and_reads_a_non_square_grid():
+    from vit import ViT
+
+    model = ViT(preset="micro", image_size=(8, 12), patch_size=4, in_channels=1, num_classes=2)
+    assert model.grid_size == (2, 3)
+    images = torch.arange(20.0).view(20, 1, 1, 1).expand(20, 1, 8, 12).clone()
+    classes = torch.arange(20) % 2
+    runs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)  # the result must not depend on it
+        runs.append(resample_patches(model, images, classes, 6, torch.Generator().manual_seed(0)))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    corrupted, donors = runs[0]
+    assert len(set(donors[classes == 0].tolist())) > 2  # each image draws its own donor
+    assert torch.equal(corrupted, images[donors])  # all 6 patches of the 2x3 grid taken
+    with pytest.raises(ValueError, match="resampled patches need, for each image, an image of another class"):
+        resample_patches(model, images, torch.zeros(20, dtype=torch.long), 6, torch.Generator())
+
+
+def test_the_ratio_of_means_bootstrap_is_seeded_and_its_own():
+    g = torch.Generator().manual_seed(0)
+    clean, corrupted, patched = (
+        torch.rand(40, generator=g) + 2,
+        torch.rand(40, generator=g),
+        torch.rand(3, 40, generator=g),
+    )
+    torch.manual_seed(1)
+    first = restored_ratio_of_means(patched, clean, corrupted)
+    torch.manual_seed(2)
+    again = restored_ratio_of_means(patched, clean, corrupted, samples=1000, seed=0)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[1], restored_ratio_of_means(patched, clean, corrupted, seed=1)[1])

@@ -42,7 +42,7 @@ def test_pairs_with_a_nan_are_left_out_and_a_constant_side_has_no_correlation():
     b = torch.tensor([1.0, 2.0, 3.0, float("nan"), 5.0])
     assert spearman_test(a, b)["n"] == 3 and spearman_test(a, b)["rho"] == pytest.approx(1.0)
     flat = spearman_test(torch.ones(5), torch.arange(5.0))
-    assert all(math.isnan(flat[k]) for k in ("rho", "p", "low", "high"))
+    assert all(math.isnan(flat[k]) for k in ("rho", "p", "low", "high")) and flat["n"] == 5
 
 
 def test_the_interval_over_images_is_the_rho_itself_when_the_images_agree():
@@ -62,3 +62,48 @@ def test_interval_is_the_mean_with_nan_left_out_and_a_bootstrap_around_it():
     assert found["mean"] == 3.0 and 1.0 <= found["low"] < 3.0 < found["high"] <= 6.0
     assert interval(torch.full((7,), 2.5)) == {"mean": 2.5, "low": 2.5, "high": 2.5}
     assert all(math.isnan(v) for v in interval(torch.tensor([float("nan")])).values())
+
+
+def test_ties_take_their_average_rank_and_rows_are_ranked_apart():
+    from vit.stats import _ranks
+
+    assert _ranks(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert _ranks(torch.tensor([2, 2, 2])).tolist() == [2.0, 2.0, 2.0]  # integers ranked as floats
+    tied = torch.tensor([1.0, 2.0, 2.0, 3.0])
+    # Pearson's r of the ranks (1, 2.5, 2.5, 4) and (1, 2, 3, 4), counted by hand: 0.9487
+    assert spearman(tied, torch.arange(4.0)).item() == pytest.approx(3 / math.sqrt(10), abs=1e-6)
+    rows = torch.stack([torch.arange(5.0), torch.tensor([5.0, 1.0, 4.0, 2.0, 3.0])])
+    both = spearman(rows, torch.arange(5.0).expand(2, 5))
+    assert both.tolist() == pytest.approx([spearman(r, torch.arange(5.0)).item() for r in rows])
+    assert spearman_test(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0]))["rho"] == pytest.approx(1.0)
+
+
+def test_every_statistic_is_its_documented_protocol_and_ignores_the_global_random_state():
+    """Seed 0, 1,000 resamples and 10,000 pairings, drawn from their own generator: a figure is
+    the same whatever ran before it, and the same as the protocol's text says."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.rand(12, generator=g), torch.rand(12, generator=g)
+    units = torch.rand(12, 30, generator=g), torch.rand(12, 30, generator=g)
+    calls = {
+        "interval": (lambda **k: interval(a, **k), {"samples": 1000, "seed": 0}),
+        "spearman_test": (lambda **k: spearman_test(a, b, **k),
+                          {"permutations": 10000, "samples": 1000, "seed": 0}),
+        "spearman_over_images": (lambda **k: spearman_over_images(*units, **k), {"samples": 1000, "seed": 0}),
+    }  # fmt: skip
+    for name, (call, protocol) in calls.items():
+        torch.manual_seed(1)
+        first = call()
+        torch.manual_seed(2)
+        assert call() == first == call(**protocol), name
+        assert call(seed=1) != first, name  # the seed is used
+
+
+def test_the_interval_over_images_resamples_images_shared_by_every_unit():
+    """The bootstrap over images, written out as a loop over resamples, for a small case."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.rand(3, 7, generator=g), torch.rand(3, 7, generator=g)
+    found = spearman_over_images(a, b, samples=50, seed=5)
+    picks = torch.randint(7, (50, 7), generator=torch.Generator().manual_seed(5))
+    rhos = torch.stack([spearman(a[:, p].mean(-1).double(), b[:, p].mean(-1).double()) for p in picks])
+    low, high = rhos.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    assert found == {"low": pytest.approx(low), "high": pytest.approx(high)}

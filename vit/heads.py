@@ -457,7 +457,7 @@ def analyse(
     return results
 
 
-def looking_against_using(inked: torch.Tensor, per_image: dict, seed: int = 0) -> dict:
+def looking_against_using(inked: torch.Tensor, per_image: dict, seed: int) -> dict:
     """Each head's attention mass on the evidence patches `inked` (N, patches) (`looks/query`,
     `looks/cls` of `per_image`, (L, H, N)) as figures per layer and head, and the rank correlation
     over all heads of its mean with the mean loss of log-probability under each ablation: "rho",
