@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := runs/demo
 
-.PHONY: demo test lint notebooks clean gpu-prepare gpu-check
+.PHONY: demo test lint notebooks mutate clean gpu-prepare gpu-check
 
 $(VENV)/installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,17 @@ notebooks: $(VENV)/installed
 	    --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=3600 "$$nb"; \
 	done; rm -rf runs lightning_logs; \
 	echo "notebooks executed and stored with their outputs in $$(( $$(date +%s) - start )) s"
+
+# Mutation testing of the looking-inside maths (vit/heads.py, vit/patching.py, vit/stats.py; the
+# configuration is [tool.mutmut] in pyproject.toml): every mutant should fail a test of tests/test_heads.py,
+# test_patch.py or test_stats.py. Not part of make test: about 10 minutes on 2 cores for the functions
+# below the analyse() drivers, more with them. One thread per worker: a forked PyTorch would hang in OpenMP.
+# `make mutate MUTANTS="vit.stats*"` runs a subset.
+mutate: $(VENV)/installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[mutate]"
+	rm -rf mutants
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
 
 lint: $(VENV)/installed
 	$(BIN)/ruff check .

@@ -169,3 +169,69 @@ def test_every_option_is_shown_one_way_and_read_both_ways():
     for args in (["--num_images", "3", "--query_patch", "1,2"], ["--num-images", "3", "--query-patch=1,2"]):
         options = parser.parse_args(["--ckpt", "x.ckpt", *args])
         assert (options.num_images, options.query_patch) == (3, "1,2")
+
+
+# Every figure of a study's table comes from a committed output: a marked table names its files,
+#   <!-- figures: heads/demo_heads.txt heads/demo_heads.json -->
+# (paths from the page's folder) on the line before it, and each decimal number in the table must
+# be printed in one of the text files, or be a value of one of the JSON files at the shown precision
+# (or a share times 100: "points").
+MARKER = re.compile(r"^<!-- figures: (.+?) -->\n((?:\|.*\n)+)", re.MULTILINE)
+DECIMAL = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+")
+
+
+def json_values(value) -> list[float]:
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in json_values(item)]
+    if isinstance(value, list):
+        return [v for item in value for v in json_values(item)]
+    return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def unsourced(table: str, sources: list[Path]) -> list[str]:
+    """The decimal numbers of a markdown table that no source holds."""
+    import json
+
+    printed, values = "", []
+    for source in sources:
+        text = source.read_text()
+        printed += text
+        if source.suffix == ".json":
+            values += json_values(json.loads(text))
+    printed_numbers = {float(n.replace("−", "-")) for n in DECIMAL.findall(printed)}
+    missing = []
+    for number in DECIMAL.findall(table):
+        shown = float(number.replace("−", "-"))
+        places = len(number.split(".")[1])
+        found = shown in printed_numbers or any(
+            round(v, places) == shown or round(100 * v, places) == shown for v in values
+        )
+        if not found and shown != 0:
+            missing.append(number)
+    return missing
+
+
+MARKED = [(page, m) for page in DOCS for m in MARKER.finditer(page.read_text())]
+
+
+def test_the_study_pages_mark_their_tables():
+    pages = {page.name for page, _ in MARKED}
+    assert {"heads.md", "explanations.md"} <= pages
+
+
+@pytest.mark.parametrize(("page", "match"), MARKED, ids=[f"{p.name}:{m.start()}" for p, m in MARKED])
+def test_every_figure_of_a_marked_table_is_in_its_committed_source(page, match):
+    sources = [page.parent / name for name in match.group(1).split()]
+    assert all(source.is_file() for source in sources), sources
+    assert unsourced(match.group(2), sources) == []
+
+
+def test_a_figure_without_a_source_fails_the_check(tmp_path):
+    (tmp_path / "out.json").write_text('{"accuracy": 0.9123, "loss": [0.25]}')
+    (tmp_path / "out.txt").write_text("head 2: 0.716 [0.659, 0.770]\n")
+    table = "| a | b |\n|---|---|\n| 0.912 | 91.2 points | 0.716 [0.659, 0.770] | 0.25 |\n"
+    assert unsourced(table, [tmp_path / "out.json", tmp_path / "out.txt"]) == []
+    assert unsourced("| 0.913 | 0.717 |\n", [tmp_path / "out.json", tmp_path / "out.txt"]) == [
+        "0.913",
+        "0.717",
+    ]
