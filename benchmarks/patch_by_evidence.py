@@ -16,7 +16,7 @@ import argparse
 from vit.checkpoint import load_checkpoint
 from vit.commands.inputs import spread_test_images
 from vit.faithfulness import patch_evidence
-from vit.patching import MIN_GAP, analyse, restored, restored_ratio_of_means
+from vit.patching import MIN_GAP, analyse, ratio_figures, restored, restored_ratio_of_means
 from vit.stats import as_text, interval
 
 
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> None:
             rows["the class token"] = gained[:, 0]
         print(f"after block {layer}")
         for name, values in rows.items():
-            ratio, (low, high) = restored_ratio_of_means((corrupted + values)[None], clean, corrupted)
-            each = restored((corrupted + values)[None], clean, corrupted, args.min_gap)[0]
-            figure = {"mean": ratio.item(), "low": low.item(), "high": high.item()}
+            patched = corrupted + values
+            figure = ratio_figures(*restored_ratio_of_means(patched, clean, corrupted))
+            each = restored(patched, clean, corrupted, args.min_gap)
             print(f"  {name:30s} {as_text(figure)}   {as_text(interval(each))}")
 
 

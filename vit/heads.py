@@ -464,17 +464,17 @@ def looking_against_using(inked: torch.Tensor, per_image: dict, seed: int) -> di
     its permutation "p", its bootstrap interval over heads ("low", "high") and over images
     ("images": low, high)."""
     loss = {kind: -per_image[f"ablation/{kind}/log_probability"].flatten(0, 1) for kind in ABLATIONS}
-    looks = {k.split("/")[1]: v.flatten(0, 1) for k, v in per_image.items() if k.startswith("looks/")}
+    looks = {k.split("/")[1]: v for k, v in per_image.items() if k.startswith("looks/")}
 
-    def correlation(mass: torch.Tensor, loss: torch.Tensor) -> dict:
+    def correlation(mass: torch.Tensor, loss: torch.Tensor) -> dict:  # (heads of all layers, N) each
         test = spearman_test(mass.nanmean(-1), loss.mean(-1), seed=seed)
         return {**test, "images": spearman_over_images(mass, loss, seed=seed)}
 
-    heads = per_image[f"ablation/{ABLATIONS[0]}/log_probability"].shape[1]
     return {
         "share": inked.float().mean().item(),
-        "mass": {name: lh_interval(mass.unflatten(0, (-1, heads))) for name, mass in looks.items()},
+        "mass": {name: lh_interval(mass) for name, mass in looks.items()},
         "spearman": {
-            name: {kind: correlation(mass, loss[kind]) for kind in ABLATIONS} for name, mass in looks.items()
+            name: {kind: correlation(mass.flatten(0, 1), loss[kind]) for kind in ABLATIONS}
+            for name, mass in looks.items()
         },
     }

@@ -74,9 +74,9 @@ def resample_patches(
     in the images' distribution. Returns the corrupted images and each one's donor (B,)."""
     patches = model.grid_size[0] * model.grid_size[1]
     removed = random_patches(len(images), patches, k, generator)
+    require(bool((classes != classes[0]).any()), "resampled patches need, for each image, an image of "
+            f"another class; these {len(images)} images are all of class {classes[0].item()}")  # fmt: skip
     other = classes[None, :] != classes[:, None]  # (B, B): who may give to whom
-    require(bool(other.any(1).all()), "resampled patches need, for each image, an image of another class; "
-            f"these {len(images)} images are all of class {classes[0].item()}")  # fmt: skip
     donors = (torch.rand(len(images), len(images), generator=generator) * other).argmax(1)
     return perturbed(images, removed, images[donors], model.grid_size), donors
 
@@ -187,6 +187,14 @@ def restored_ratio_of_means(
     return ratio, bounds
 
 
+def ratio_figures(ratio: torch.Tensor, bounds: torch.Tensor) -> list:
+    """`restored_ratio_of_means`'s (ratio (...,), bounds (2, ...)) as figures like `interval`'s,
+    nested as the units are: {"mean", "low", "high"} each."""
+    if ratio.ndim == 0:
+        return {"mean": ratio.item(), "low": bounds[0].item(), "high": bounds[1].item()}
+    return [ratio_figures(r, b) for r, b in zip(ratio, bounds.movedim(0, 1), strict=True)]
+
+
 def analyse(
     model: ViT,
     clean: torch.Tensor,
@@ -243,13 +251,11 @@ def analyse(
     wide = (high - low).abs() >= min_gap
     ratio_of_means, mean_of_ratios = {}, {}
     for site in SITES:
-        ratio, (lows, highs) = restored_ratio_of_means(
-            per_pair[f"patched/{site}"][..., differ], high[differ], low[differ], seed=seed
+        ratio_of_means[site] = ratio_figures(
+            *restored_ratio_of_means(
+                per_pair[f"patched/{site}"][..., differ], high[differ], low[differ], seed=seed
+            )
         )
-        ratio_of_means[site] = [
-            [{"mean": m, "low": lo, "high": hi} for m, lo, hi in zip(*row, strict=True)]
-            for row in zip(ratio.tolist(), lows.tolist(), highs.tolist(), strict=True)
-        ]
         mean_of_ratios[site] = [[interval(v, seed=seed) for v in layer] for layer in per_pair[site]]
     return {
         "num_pairs": len(clean),
