@@ -219,3 +219,22 @@ def test_compile_takes_a_mode(tmp_path, monkeypatch, given, mode):
     assert modes == [mode] and result.model.hparams.compile == given
     with pytest.raises(UsageError, match="compile='fast' must be true, false or a mode"):
         ViTClassifier(vit=ViTConfig(preset="micro"), compile="fast")
+
+
+def test_the_loop_is_compared_with_the_network_compiled_as_the_config_compiles_it(tmp_path):
+    def rate(ips):
+        return {"precisions": {"bf16": {"systems": {"ours+stem": {"train_ips": ips}}}}}
+
+    results = {"recipe-compiled": rate(20_000.0), "recipe-cudagraphs": rate(40_000.0)}
+    run = {"budget": "00:00:00:20", "loop_images_per_second": 30_000.0}
+    steps = {"throughput": {"results": results}, "speedrun": {"runs": {"20s": run}}}
+    cases = (("reduce-overhead", "recipe-cudagraphs", "0.75x"), ("true", "recipe-compiled", "1.50x"))
+    for mode, name, ratio in cases:
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(f"model:\n  compile: {mode}\n")
+        assert gpu_check.compiled_as(config) == name
+        line = gpu_check.loop_against_benchmark(steps, gpu_check.compiled_as(config))[-1]
+        assert line == f"- 00:00:00:20: the loop at 30,000 images/s is {ratio} throughput.py's {name} (" + (
+            f"{results[name]['precisions']['bf16']['systems']['ours+stem']['train_ips']:,.0f} images/s, bf16)"
+        )
+    assert gpu_check.loop_against_benchmark(steps, "recipe") == []  # not measured: no line

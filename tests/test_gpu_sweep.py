@@ -77,3 +77,24 @@ def test_without_smoke_the_sweep_needs_data(tmp_path):
     (tmp_path / "v.yaml").write_text(TWO)
     with pytest.raises(SystemExit, match="--data is needed without --smoke"):
         gpu_sweep.main(["--variants", str(tmp_path / "v.yaml"), "--out", str(tmp_path / "out")])
+
+
+def test_a_sweep_stopped_at_its_deadline_exits_0_and_one_with_a_failed_variant_exits_1():
+    statuses = {"a": "ok", "b": "stopped", "c": "not started"}
+    report = dict(variants={name: dict(status=status) for name, status in statuses.items()})
+    assert gpu_sweep.exit_status(report) == 0
+    report["variants"]["d"] = dict(status="failed")
+    assert gpu_sweep.exit_status(report) == 1
+
+
+def test_the_sweep_starts_its_clock_before_anything_heavy_is_imported():
+    """Its deadline is counted from main(): what Python imports before that is time the GPU
+    check's step limit sees and the sweep's clock does not (torch, matplotlib, vit: seconds on a
+    fresh machine)."""
+    import subprocess
+    import sys
+
+    heavy = "{'torch', 'matplotlib', 'vit'}"
+    code = f"import sys; import benchmarks.gpu_sweep; print(sorted({heavy} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
