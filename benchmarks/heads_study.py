@@ -123,13 +123,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     images, pairs = (16, 8) if args.smoke else (1000, 256)
-    machine = {"cpu": cpu_name(), "models": {}}
+    # each model's CPU and test figures, kept for the models this run leaves alone (--models)
+    path = args.out / "machine.json"
+    machine = json.loads(path.read_text()) if path.is_file() else {"models": {}}
     for name in args.models:
         ckpt = train(name, args.runs, args.smoke)
         study(name, ckpt, args.out, images, pairs)
-        machine["models"][name] = json.loads((args.runs / name / "test.json").read_text())
-        print(f"{name}: test top-1 {machine['models'][name]['test/acc']:.4f}; outputs in {args.out}")
-    (args.out / "machine.json").write_text(json.dumps(machine, indent=1))
+        test = json.loads((args.runs / name / "test.json").read_text())
+        machine["models"][name] = {"cpu": cpu_name(), **test}
+        path.write_text(json.dumps(machine, indent=1))
+        print(f"{name}: test top-1 {test['test/acc']:.4f}; outputs in {args.out}")
 
 
 if __name__ == "__main__":

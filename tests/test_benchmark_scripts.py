@@ -374,6 +374,9 @@ def test_demo_seeds_reports_each_seed_and_goes_on_where_it_stopped(tmp_path):
 @pytest.mark.slow
 def test_the_heads_study_writes_every_file_docs_heads_reads(tmp_path):
     out = tmp_path / "heads"
+    out.mkdir()
+    earlier = {"cpu": "another CPU", "test/acc": 0.5}  # a model this run leaves alone keeps its entry
+    (out / "machine.json").write_text(json.dumps({"models": {"demo": earlier}}))
     result = run_script("heads_study.py", "--smoke", "--models", "relpos", "--out", str(out),
                         "--runs", str(tmp_path / "runs"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -383,5 +386,7 @@ def test_the_heads_study_writes_every_file_docs_heads_reads(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["machine.json"] + [f"relpos_{s}" for s in suffixes]
     )
+    models = json.loads((out / "machine.json").read_text())["models"]
+    assert models["demo"] == earlier and set(models["relpos"]) >= {"cpu", "test/acc"}
     assert json.loads((out / "relpos_heads_raw_logit.json").read_text())["attribute"] == "logit"
     assert "ratio of means" in (out / "relpos_patch_by_evidence.txt").read_text()
