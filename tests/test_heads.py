@@ -389,6 +389,7 @@ def test_two_classes_have_a_runner_up_and_the_default_is_the_difference():
     logits = torch.tensor([[0.5, 2.0], [1.0, -1.0]])
     assert contrast(logits).tolist() == [[-1.0, 1.0], [1.0, -1.0]]
     assert torch.equal(contrast(logits), contrast(logits, "difference"))
+    assert contrast(logits[:1]).tolist() == [[-1.0, 1.0]]  # one image has a runner-up too
     with pytest.raises(ValueError, match="choose one of difference, centred, logit"):
         contrast(logits, "probability")
 

@@ -310,6 +310,12 @@ def test_a_gap_of_exactly_min_gap_is_kept_and_random_patches_take_one_to_all():
     assert shares.tolist() == [[0.5, 2.0]]
     g = torch.Generator().manual_seed(0)
     assert random_patches(3, 4, 1, g).sum(1).tolist() == [1, 1, 1] and random_patches(3, 4, 4, g).all()
+    picked = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)  # the generator decides, not the global state
+        picked.append(random_patches(50, 16, 3, torch.Generator().manual_seed(7)))
+    assert picked[0].dtype == torch.bool and torch.equal(picked[0], picked[1])
+    assert len({tuple(row.tolist()) for row in picked[0]}) > 10  # each image its own patches
     for k in (0, 5):
         with pytest.raises(ValueError, match=f"random:{k} must replace between 1 and 4 patches"):
             random_patches(3, 4, k, g)
@@ -330,7 +336,12 @@ def test_resampling_is_seeded_picks_many_donors_and_reads_a_non_square_grid():
     corrupted, donors = runs[0]
     assert len(set(donors[classes == 0].tolist())) > 2  # each image draws its own donor
     assert torch.equal(corrupted, images[donors])  # all 6 patches of the 2x3 grid taken
-    with pytest.raises(ValueError, match="resampled patches need, for each image, an image of another class"):
+    some = []
+    for global_seed in (1, 2):  # 2 of the 6 patches: which ones is the generator's to draw
+        torch.manual_seed(global_seed)
+        some.append(resample_patches(model, images, classes, 2, torch.Generator().manual_seed(0))[0])
+    assert torch.equal(some[0], some[1]) and not torch.equal(some[0], corrupted)
+    with pytest.raises(ValueError, match="^resampled patches need, for each image, an image of another class"):
         resample_patches(model, images, torch.zeros(20, dtype=torch.long), 6, torch.Generator())
 
 
@@ -341,9 +352,20 @@ def test_the_ratio_of_means_bootstrap_is_seeded_and_its_own():
         torch.rand(40, generator=g),
         torch.rand(3, 40, generator=g),
     )
+    ratio, bounds = restored_ratio_of_means(patched, clean, corrupted)  # each unit a ratio of its own means
+    for unit in range(3):
+        one, one_bounds = restored_ratio_of_means(patched[unit], clean, corrupted)
+        torch.testing.assert_close(ratio[unit], one)
+        torch.testing.assert_close(bounds[:, unit], one_bounds)
     torch.manual_seed(1)
     first = restored_ratio_of_means(patched, clean, corrupted)
     torch.manual_seed(2)
     again = restored_ratio_of_means(patched, clean, corrupted, samples=1000, seed=0)
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     assert not torch.equal(first[1], restored_ratio_of_means(patched, clean, corrupted, seed=1)[1])
+
+
+def test_an_unknown_site_is_named_with_the_choices():
+    model = one_head_model()
+    with pytest.raises(ValueError, match="^unknown site 'neurons'; choose one of heads, tokens$"):
+        patched_logits(model, torch.zeros(1, 1, 8, 8), 0, "neurons", torch.zeros(1), torch.zeros(1, 1))

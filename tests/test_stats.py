@@ -41,6 +41,8 @@ def test_pairs_with_a_nan_are_left_out_and_a_constant_side_has_no_correlation():
     a = torch.tensor([1.0, 2.0, float("nan"), 4.0, 5.0])
     b = torch.tensor([1.0, 2.0, 3.0, float("nan"), 5.0])
     assert spearman_test(a, b)["n"] == 3 and spearman_test(a, b)["rho"] == pytest.approx(1.0)
+    one = spearman_test(torch.tensor([1.0]), torch.tensor([2.0]))  # one pair: no correlation
+    assert all(math.isnan(one[k]) for k in ("rho", "p", "low", "high")) and one["n"] == 1
     flat = spearman_test(torch.ones(5), torch.arange(5.0))
     assert all(math.isnan(flat[k]) for k in ("rho", "p", "low", "high")) and flat["n"] == 5
 
@@ -75,6 +77,7 @@ def test_ties_take_their_average_rank_and_rows_are_ranked_apart():
     rows = torch.stack([torch.arange(5.0), torch.tensor([5.0, 1.0, 4.0, 2.0, 3.0])])
     both = spearman(rows, torch.arange(5.0).expand(2, 5))
     assert both.tolist() == pytest.approx([spearman(r, torch.arange(5.0)).item() for r in rows])
+    assert torch.equal(_ranks(rows), torch.stack([_ranks(r) for r in rows]))  # each row its own ranks
     assert spearman_test(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0]))["rho"] == pytest.approx(1.0)
 
 
@@ -83,7 +86,9 @@ def test_every_statistic_is_its_documented_protocol_and_ignores_the_global_rando
     the same whatever ran before it, and the same as the protocol's text says."""
     g = torch.Generator().manual_seed(3)
     a, b = torch.rand(12, generator=g), torch.rand(12, generator=g)
-    units = torch.rand(12, 30, generator=g), torch.rand(12, 30, generator=g)
+    # 40 units: their rank correlation takes finely spaced values, so the resample count shows in
+    # the quantiles (with 12 units neighbouring resamples often tie, and 1,001 resamples pass)
+    units = torch.rand(40, 30, generator=g), torch.rand(40, 30, generator=g)
     calls = {
         "interval": (lambda **k: interval(a, **k), {"samples": 1000, "seed": 0}),
         "spearman_test": (lambda **k: spearman_test(a, b, **k),
@@ -101,7 +106,7 @@ def test_every_statistic_is_its_documented_protocol_and_ignores_the_global_rando
 def test_the_interval_over_images_resamples_images_shared_by_every_unit():
     """The bootstrap over images, written out as a loop over resamples, for a small case."""
     g = torch.Generator().manual_seed(4)
-    a, b = torch.rand(3, 7, generator=g), torch.rand(3, 7, generator=g)
+    a, b = torch.rand(30, 7, generator=g), torch.rand(30, 7, generator=g)  # 30 units, 7 images
     found = spearman_over_images(a, b, samples=50, seed=5)
     picks = torch.randint(7, (50, 7), generator=torch.Generator().manual_seed(5))
     rhos = torch.stack([spearman(a[:, p].mean(-1).double(), b[:, p].mean(-1).double()) for p in picks])
