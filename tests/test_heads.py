@@ -5,6 +5,7 @@ one working head is known."""
 import copy
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from vit.commands import heads as heads_command
 from vit.commands.attention import main as attention_main
 from vit.faithfulness import score
 from vit.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
+from vit.stats import interval
 
 
 def test_the_command_names_the_library_defaults():
@@ -406,3 +408,104 @@ def test_the_prefix_tokens_are_named_by_kind():
     for name, (options, expected) in kinds.items():
         model = ViT(preset="micro", image_size=8, patch_size=4, in_channels=1, num_classes=2, **options)
         assert token_kinds(model) == expected, name
+
+
+def test_chunks_change_no_figure_and_the_high_norm_rows_are_per_image_means():
+    """The same images in one batch and in chunks of 5 (the ablations' chunks of 1) give the same
+    per-image tensors, so each is joined along its image axis; with a low norm ratio many tokens
+    are flagged, some images none, and each high-norm figure is the interval over images of a value
+    computed here image by image (2 registers: a kind of several tokens), from the next block's
+    attention (3 blocks: not the one before)."""
+    torch.manual_seed(0)
+    options = dict(depth=3, image_size=16, patch_size=4, in_channels=1, num_classes=3, num_registers=2)
+    model = ViT(preset="micro", pool="mean", **options)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    model.eval()
+    images, labels = torch.rand(12, 1, 16, 16), torch.arange(12) % 3
+    whole = analyse(model, images, labels, batch_size=64, norm_ratio=1.2)
+    chunked = analyse(model, images, labels, batch_size=5, norm_ratio=1.2)
+    assert set(whole["per_image"]) == set(chunked["per_image"]) >= {"lens", "patch_lens", "ratios"}
+    for key, value in whole["per_image"].items():
+        torch.testing.assert_close(chunked["per_image"][key], value, atol=1e-5, rtol=1e-5, msg=key)
+
+    # a threshold that half the images reach after block 0: some images flag no token at all
+    ratios, attention, cls_attention = (
+        whole["per_image"][k] for k in ("ratios", "attention", "cls_attention")
+    )
+    threshold = ratios[0].amax(-1).median().item()
+    assert threshold > 1
+    results = analyse(model, images, labels, batch_size=64, norm_ratio=threshold)
+    prefix = model.num_prefix_tokens
+    for layer, row in enumerate(results["norms"]["layers"]):
+        flagged = ratios[layer] > threshold  # (images, tokens)
+        expected = {
+            "max_patch_ratio": [ratios[layer, n, prefix:].max() for n in range(12)],
+            "patches_flagged": [flagged[n, prefix:].float().mean() for n in range(12)],
+            "registers_ratio": [ratios[layer, n, 1:prefix].mean() for n in range(12)],
+            "registers_flagged": [flagged[n, 1:prefix].float().mean() for n in range(12)],
+        }
+        if layer < 2:  # the next block's attention, in the images that flag any token
+            with_some = [n for n in range(12) if flagged[n].any()]
+            assert 0 < len(with_some) < 12 or layer > 0
+            expected["attention_to_flagged"] = [
+                (attention[layer + 1, n] * flagged[n]).sum() for n in with_some
+            ]
+            expected["cls_attention_to_flagged"] = [
+                (cls_attention[layer + 1, n] * flagged[n]).sum() for n in with_some
+            ]
+            expected["token_share_flagged"] = [flagged[n].float().mean() for n in with_some]
+        else:
+            assert "attention_to_flagged" not in row
+        for name, values in expected.items():
+            wanted = interval(torch.stack(values))
+            assert row[name] == pytest.approx(wanted, abs=1e-5), (layer, name)
+
+
+def test_the_patch_lens_accuracy_counts_the_patches_read_as_the_label():
+    from vit.heads import patch_lens_logits
+
+    torch.manual_seed(0)
+    model = perturbed_model(pool="mean")
+    images, labels = torch.rand(10, 1, 16, 16), torch.arange(10) % 3
+    results = analyse(model, images, labels, batch_size=64)
+    read = patch_lens_logits(model, record(model, images).residual).argmax(-1)  # (L, B, patches)
+    expected = (read == labels[None, :, None]).float().mean(1)
+    torch.testing.assert_close(torch.tensor(results["logit_lens"]["patches"]), expected)
+
+
+def test_the_attribution_splits_the_reading_asked_for_and_the_seed_reaches_every_interval():
+    model = perturbed_model()
+    images = torch.rand(20, 1, 16, 16)
+    raw = analyse(model, images, batch_size=64, attribute="logit")
+    logits = model(images)
+    expected = logits.max(-1).values.mean().item()  # the predicted class's raw logit
+    assert raw["attribution"]["total"]["mean"] == pytest.approx(expected, abs=1e-4)
+    default, reseeded = analyse(model, images, batch_size=64), analyse(model, images, batch_size=64, seed=1)
+    zero = analyse(model, images, batch_size=64, seed=0)
+    assert default["attribution"] == zero["attribution"] and default["ablation"] == zero["ablation"]
+    figures = {
+        "total": lambda r: r["attribution"]["total"],
+        "ablation": lambda r: r["ablation"]["mean"]["log_probability"][0][0],
+        "head": lambda r: r["attribution"]["heads"][0][0],
+    }
+    for name, figure in figures.items():
+        a, b = figure(default), figure(reseeded)
+        assert a["mean"] == b["mean"] and (a["low"], a["high"]) != (b["low"], b["high"]), name
+
+
+@pytest.mark.parametrize("num_classes, norm_ratio, message", [
+    (0, 4.0, "the model has no head (num_classes 0): it predicts no class"),
+    (3, 1.0, "norm_ratio=1.0 must be above 1: the median token's ratio is 1"),
+])  # fmt: skip
+def test_a_headless_model_or_a_norm_ratio_of_1_is_refused(num_classes, norm_ratio, message):
+    model = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=num_classes).eval()
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        analyse(model, torch.rand(2, 1, 16, 16), norm_ratio=norm_ratio)
+
+
+def test_one_class_and_a_norm_ratio_just_above_1_are_analysed():
+    one = ViT(preset="micro", image_size=16, patch_size=4, in_channels=1, num_classes=1).eval()
+    results = analyse(one, torch.rand(3, 1, 16, 16), norm_ratio=1.5)
+    assert results["accuracy"]["mean"] == 1.0 and results["norms"]["norm_ratio"] == 1.5

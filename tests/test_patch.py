@@ -341,7 +341,7 @@ def test_resampling_is_seeded_picks_many_donors_and_reads_a_non_square_grid():
         torch.manual_seed(global_seed)
         some.append(resample_patches(model, images, classes, 2, torch.Generator().manual_seed(0))[0])
     assert torch.equal(some[0], some[1]) and not torch.equal(some[0], corrupted)
-    with pytest.raises(ValueError, match="^resampled patches need, for each image, an image of another class"):
+    with pytest.raises(ValueError, match="^resampled patches need, for each image, an image of another"):
         resample_patches(model, images, torch.zeros(20, dtype=torch.long), 6, torch.Generator())
 
 
@@ -369,3 +369,35 @@ def test_an_unknown_site_is_named_with_the_choices():
     model = one_head_model()
     with pytest.raises(ValueError, match="^unknown site 'neurons'; choose one of heads, tokens$"):
         patched_logits(model, torch.zeros(1, 1, 8, 8), 0, "neurons", torch.zeros(1), torch.zeros(1, 1))
+
+
+def test_the_gap_rule_counts_pairs_by_their_own_gap_and_the_seed_reaches_the_intervals(trained):
+    classifier, data = trained
+    clean, corrupted, classes = counterfactual_pairs(data)
+    first = analyse(classifier.model, clean, corrupted, classes, batch_size=64, min_gap=1e-3)
+    gaps = (first["per_pair"]["clean"] - first["per_pair"]["corrupted"]).abs()
+    median = gaps.median().item()
+    results = analyse(classifier.model, clean, corrupted, classes, batch_size=64, min_gap=median)
+    assert results["pair_counts"]["gap_under_min_gap"] == int((gaps < median).sum()) > 0
+    assert results["pair_counts"]["in_mean_of_ratios"] == int((gaps >= median).sum())  # the median: kept
+    reseeded = analyse(classifier.model, clean, corrupted, classes, batch_size=64, min_gap=1e-3, seed=1)
+    for figures in ("restored", "mean_of_ratios"):
+        a, b = first[figures]["heads"][0][0], reseeded[figures]["heads"][0][0]
+        assert a["mean"] == pytest.approx(b["mean"]), figures
+        assert (a["low"], a["high"]) != (b["low"], b["high"]), figures
+    default = analyse(classifier.model, clean, corrupted, classes, batch_size=64, min_gap=1e-3, seed=0)
+    assert default["restored"] == first["restored"] and default["mean_of_ratios"] == first["mean_of_ratios"]
+
+
+def test_a_non_square_grid_is_patched_token_by_token_and_a_headless_model_is_refused():
+    from vit import ViT
+
+    torch.manual_seed(0)
+    model = ViT(preset="micro", image_size=(8, 12), patch_size=4, in_channels=1, num_classes=2).eval()
+    clean, corrupted = torch.rand(3, 1, 8, 12), torch.rand(3, 1, 8, 12)
+    classes = torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long)
+    results = analyse(model, clean, corrupted, classes)
+    assert results["tokens"] == 7 and results["per_pair"]["patched/tokens"].shape == (2, 7, 3)
+    headless = ViT(preset="micro", image_size=8, patch_size=4, in_channels=1, num_classes=0).eval()
+    with pytest.raises(ValueError, match=r"^the model has no head \(num_classes 0\): it predicts no class$"):
+        analyse(headless, torch.rand(2, 1, 8, 8), torch.rand(2, 1, 8, 8))

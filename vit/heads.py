@@ -61,6 +61,7 @@ from vit.stats import interval, lh_interval, spearman_over_images, spearman_test
 # spread of ordinary tokens and below the gap the paper shows.
 NORM_RATIO = 4.0  # vit.commands.heads names it too, so that --help needs no torch
 ABLATIONS = ("mean", "zero")
+MEASURES = ("accuracy", "log_probability")  # what an ablation changes, per image
 ATTRIBUTIONS = {  # what the attribution splits: a linear reading of the logits
     "difference": "the logit of the predicted class minus the runner-up's",
     "centred": "the logit of the predicted class minus the mean of all the logits",
@@ -387,7 +388,7 @@ def analyse(
                 keep(changes, f"{kind}/{layer}/accuracy", accuracy[k])
                 keep(changes, f"{kind}/{layer}/log_probability", log_p[k])
     for kind in ABLATIONS:
-        for measure in ("accuracy", "log_probability"):
+        for measure in MEASURES:
             per_image[f"ablation/{kind}/{measure}"] = torch.stack([
                 torch.cat(changes[f"{kind}/{layer}/{measure}"], dim=-1) for layer in range(layers)
             ])  # fmt: skip
@@ -430,11 +431,11 @@ def analyse(
         "attribute": attribute,
         "accuracy": summary((targets == truth).float()),
         "ablation": {
-            kind: {m: lh_interval(per_image[f"ablation/{kind}/{m}"]) for m in ("accuracy", "log_probability")}
+            kind: {m: lh_interval(per_image[f"ablation/{kind}/{m}"], seed) for m in MEASURES}
             for kind in ABLATIONS
         },
         "attribution": {
-            "heads": lh_interval(attributed["heads"]),
+            "heads": lh_interval(attributed["heads"], seed),
             "attention_bias": [summary(v) for v in attributed["attention_bias"]],
             "mlp": [summary(v) for v in attributed["mlp"]],
             "embeddings": summary(attributed["embeddings"]),
@@ -472,7 +473,7 @@ def looking_against_using(inked: torch.Tensor, per_image: dict, seed: int) -> di
 
     return {
         "share": inked.float().mean().item(),
-        "mass": {name: lh_interval(mass) for name, mass in looks.items()},
+        "mass": {name: lh_interval(mass, seed) for name, mass in looks.items()},
         "spearman": {
             name: {kind: correlation(mass.flatten(0, 1), loss[kind]) for kind in ABLATIONS}
             for name, mass in looks.items()

@@ -79,6 +79,6 @@ def interval(values: torch.Tensor, samples: int = 1000, seed: int = 0) -> dict[s
     return {"mean": values.mean().item(), "low": low, "high": high}
 
 
-def lh_interval(values: torch.Tensor) -> list[list[dict]]:
+def lh_interval(values: torch.Tensor, seed: int = 0) -> list[list[dict]]:
     """Per-image values (layers, heads, N) -> figures per layer and head."""
-    return [[interval(v) for v in layer] for layer in values]
+    return [[interval(v, seed=seed) for v in layer] for layer in values]
