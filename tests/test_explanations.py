@@ -339,13 +339,13 @@ def test_the_page_takes_the_heads_of_vit_attention_heads(trained_checkpoint, tmp
     heads = tmp_path / "heads" / "heads.json"
     page = tmp_path / "page.html"
     attention_main(["--ckpt", trained_checkpoint, "--num_images", "2", "--html", page, "--heads", heads])
-    means = [
-        [cell["mean"] for cell in row]
-        for row in json.loads(heads.read_text())["ablation"]["mean"]["accuracy"]
-    ]
+    cells = json.loads(heads.read_text())["ablation"]["mean"]["accuracy"]
+    means = [[cell["mean"] for cell in row] for row in cells]
+    intervals = [[[cell["low"], cell["high"]] for cell in row] for row in cells]
     text = page.read_text()
     assert '"head_effects":{"title":"mean ablation of each head' in text
     assert f'"values":{json.dumps(means, separators=(",", ":"))}' in text
+    assert f'"intervals":{json.dumps(intervals, separators=(",", ":"))}' in text
     capsys.readouterr()
     status, error = command_error(attention_main, ["--ckpt", trained_checkpoint, "--heads", heads], capsys)
     assert status == 2 and "--heads goes with --html" in error

@@ -403,7 +403,8 @@ def test_the_heads_grid_is_shown_when_given_and_a_click_opens_a_head(browser, tr
     images = trained[1].split("test")[:1][0]
     layers, heads = len(model.blocks), model.config.heads
     values = [[-0.1 * (layer + h) for h in range(heads)] for layer in range(layers)]
-    effects = {"title": "mean ablation", "values": values}
+    intervals = [[[v - 0.02, v + 0.01] for v in row] for row in values]
+    effects = {"title": "mean ablation", "values": values, "intervals": intervals}
     plain = explore(model, images, method="rollout").save(tmp_path / "plain.html")
     with_heads = explore(model, images, method="rollout", head_effects=effects).save(tmp_path / "heads.html")
     with opened(browser, plain) as page:
@@ -411,7 +412,11 @@ def test_the_heads_grid_is_shown_when_given_and_a_click_opens_a_head(browser, tr
     with opened(browser, with_heads) as page:
         assert page.locator("#heads td").count() == layers * heads
         assert page.locator("#heads-title").inner_text().startswith("mean ablation")
-        page.locator(f"#heads td[data-layer='{layers - 1}'][data-head='{heads - 1}']").click()
+        cell = page.locator(f"#heads td[data-layer='{layers - 1}'][data-head='{heads - 1}']")
+        value = values[-1][-1]
+        expected = f"{value:.3f}, 95% interval [{value - 0.02:.3f}, {value + 0.01:.3f}]"
+        assert cell.get_attribute("title") == expected
+        cell.click()
         assert page.evaluate("document.body.dataset.view") == "attention"
         large = page.locator("#large")
         assert (large.get_attribute("data-layer"), large.get_attribute("data-head")) == (
@@ -420,3 +425,5 @@ def test_the_heads_grid_is_shown_when_given_and_a_click_opens_a_head(browser, tr
         )
     with pytest.raises(UsageError, match="not of this model's"):
         explore(model, images, head_effects={"title": "x", "values": values[:-1]})
+    with pytest.raises(UsageError, match="not of this model's"):
+        explore(model, images, head_effects={"title": "x", "values": values, "intervals": intervals[:-1]})

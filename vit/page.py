@@ -156,17 +156,19 @@ def explore(
     `discard_ratio` are the rollout's (`attention_rollout`); the gradient-weighted rollout is
     computed for each image's `top_k` classes. `captions` label the images, `class_names` the
     classes. `scores` (method -> {measure: value}) are shown as a table when given; `head_effects`
-    ({"title": ..., "values": [layer][head]}, such as a `vit-attention heads` ablation) as a
-    layers x heads grid whose heads open their attention when clicked.
+    ({"title": ..., "values": [layer][head]}, and optionally "intervals": [layer][head] [low, high],
+    such as a `vit-attention heads` ablation) as a layers x heads grid whose heads open their
+    attention when clicked, each head's interval shown when hovered.
     """
     if not isinstance(model, ViT):
         raise UsageError(f"explore takes a vit.ViT, not a {type(model).__name__}")
     if head_effects is not None:
-        layers, per_layer, values = len(model.blocks), model.config.heads, head_effects["values"]
-        if len(values) != layers or any(len(row) != per_layer for row in values):
-            raise UsageError(
-                f"the heads' figures are not of this model's {layers} layers x {per_layer} heads"
-            )
+        layers, per_layer = len(model.blocks), model.config.heads
+        for grid in (head_effects["values"], head_effects.get("intervals", [[None] * per_layer] * layers)):
+            if len(grid) != layers or any(len(row) != per_layer for row in grid):
+                raise UsageError(
+                    f"the heads' figures are not of this model's {layers} layers x {per_layer} heads"
+                )
     if images.ndim != 4 or len(images) == 0:
         raise UsageError(f"explore takes a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
     if method is None:  # the class token's attention, or (none) the head's input's

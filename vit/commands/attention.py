@@ -245,11 +245,13 @@ def read_heads(path: str | Path, page: Path | None) -> dict:
     try:
         cells = json.loads(Path(path).read_text())["ablation"]["mean"]["accuracy"]
         values = [[float(cell["mean"]) for cell in row] for row in cells]
+        intervals = [[[float(cell["low"]), float(cell["high"])] for cell in row] for row in cells]
     except FileNotFoundError:
         raise FileNotFoundError(f"--heads: file not found: {path}") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--heads {path} is not a heads.json of vit-attention heads ({e})") from None
-    return {"title": "mean ablation of each head: change in top-1 accuracy", "values": values}
+    title = "mean ablation of each head: change in top-1 accuracy (hover: its 95% interval over images)"
+    return {"title": title, "values": values, "intervals": intervals}
 
 
 def write_page(
