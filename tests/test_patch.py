@@ -401,3 +401,16 @@ def test_a_non_square_grid_is_patched_token_by_token_and_a_headless_model_is_ref
     headless = ViT(preset="micro", image_size=8, patch_size=4, in_channels=1, num_classes=0).eval()
     with pytest.raises(ValueError, match=r"^the model has no head \(num_classes 0\): it predicts no class$"):
         analyse(headless, torch.rand(2, 1, 8, 8), torch.rand(2, 1, 8, 8))
+
+
+def test_ratio_figures_of_one_unit_and_a_one_class_model_whose_pairs_all_share_the_class():
+    from vit import ViT
+    from vit.patching import ratio_figures
+
+    one_unit = ratio_figures(torch.tensor(0.5), torch.tensor([0.25, 0.75]))
+    assert one_unit == {"mean": 0.5, "low": 0.25, "high": 0.75}
+    one = ViT(preset="micro", image_size=8, patch_size=4, in_channels=1, num_classes=1).eval()
+    results = analyse(one, torch.rand(3, 1, 8, 8), torch.rand(3, 1, 8, 8))
+    counts = {"used": 0, "same_class": 3, "in_mean_of_ratios": 0, "gap_under_min_gap": 3}
+    assert results["pair_counts"] == counts
+    assert math.isnan(results["restored"]["heads"][0][0]["mean"])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vit.stats import interval, spearman, spearman_over_images, spearman_test
+from vit.stats import interval, lh_interval, spearman, spearman_over_images, spearman_test
 
 
 def test_spearman_test_gives_rho_and_a_p_value_near_the_exact_permutation_one():
@@ -94,6 +94,7 @@ def test_every_statistic_is_its_documented_protocol_and_ignores_the_global_rando
         "spearman_test": (lambda **k: spearman_test(a, b, **k),
                           {"permutations": 10000, "samples": 1000, "seed": 0}),
         "spearman_over_images": (lambda **k: spearman_over_images(*units, **k), {"samples": 1000, "seed": 0}),
+        "lh_interval": (lambda **k: lh_interval(units[0].view(4, 10, 30), **k), {"seed": 0}),
     }  # fmt: skip
     for name, (call, protocol) in calls.items():
         torch.manual_seed(1)
