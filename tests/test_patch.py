@@ -343,6 +343,8 @@ def test_resampling_is_seeded_picks_many_donors_and_reads_a_non_square_grid():
     assert torch.equal(some[0], some[1]) and not torch.equal(some[0], corrupted)
     with pytest.raises(ValueError, match="^resampled patches need, for each image, an image of another"):
         resample_patches(model, images, torch.zeros(20, dtype=torch.long), 6, torch.Generator())
+    with pytest.raises(ValueError, match="these 1 images are all of class 1"):  # one image: no other class
+        resample_patches(model, images[:1], torch.ones(1, dtype=torch.long), 6, torch.Generator())
 
 
 def test_the_ratio_of_means_bootstrap_is_seeded_and_its_own():
