@@ -171,12 +171,14 @@ def test_every_option_is_shown_one_way_and_read_both_ways():
         assert (options.num_images, options.query_patch) == (3, "1,2")
 
 
-# Every figure of a study's table comes from a committed output: a marked table names its files,
+# Every figure of a study comes from a committed output: a marked table or paragraph (or list)
+# names its files,
 #   <!-- figures: heads/demo_heads.txt heads/demo_heads.json -->
-# (paths from the page's folder) on the line before it, and each decimal number in the table must
+# (paths from the page's folder) on the line before it, and each decimal number in the block must
 # be printed in one of the text files, or be a value of one of the JSON files at the shown precision
-# (or a share times 100: "points").
-MARKER = re.compile(r"^<!-- figures: (.+?) -->\n((?:\|.*\n)+)", re.MULTILINE)
+# (or a share times 100: "points", either sign: "costs 11.2 points" for a change of -0.112).
+MARKER = re.compile(r"^<!-- figures: (.+?) -->\n((?:[^\n#<][^\n]*\n)+)", re.MULTILINE)
+FULLY_MARKED = ["heads.md"]  # pages whose every figure stands in a marked block
 DECIMAL = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+")
 
 
@@ -199,12 +201,13 @@ def unsourced(table: str, sources: list[Path]) -> list[str]:
         if source.suffix == ".json":
             values += json_values(json.loads(text))
     printed_numbers = {float(n.replace("−", "-")) for n in DECIMAL.findall(printed)}
+    values += list(printed_numbers)  # a printed share may be shown as points too
     missing = []
     for number in DECIMAL.findall(table):
         shown = float(number.replace("−", "-"))
         places = len(number.split(".")[1])
         found = shown in printed_numbers or any(
-            round(v, places) == shown or round(100 * v, places) == shown for v in values
+            round(v, places) == shown or abs(round(100 * v, places)) == abs(shown) for v in values
         )
         if not found and shown != 0:
             missing.append(number)
@@ -226,10 +229,18 @@ def test_every_figure_of_a_marked_table_is_in_its_committed_source(page, match):
     assert unsourced(match.group(2), sources) == []
 
 
+@pytest.mark.parametrize("name", FULLY_MARKED)
+def test_every_figure_of_a_study_page_stands_in_a_marked_block(name):
+    """Outside code and marked blocks, a fully marked page holds no decimal number: a figure
+    written into its prose without a source fails here."""
+    text = re.sub(r"```.*?```", "", (ROOT / "docs" / name).read_text(), flags=re.DOTALL)
+    assert DECIMAL.findall(MARKER.sub("", text)) == []
+
+
 def test_a_figure_without_a_source_fails_the_check(tmp_path):
     (tmp_path / "out.json").write_text('{"accuracy": 0.9123, "loss": [0.25]}')
     (tmp_path / "out.txt").write_text("head 2: 0.716 [0.659, 0.770]\n")
-    table = "| a | b |\n|---|---|\n| 0.912 | 91.2 points | 0.716 [0.659, 0.770] | 0.25 |\n"
+    table = "| a | b |\n|---|---|\n| 0.912 | 91.2 points | 0.716 [0.659, 0.770] | 0.25 | 71.6 |\n"
     assert unsourced(table, [tmp_path / "out.json", tmp_path / "out.txt"]) == []
     assert unsourced("| 0.913 | 0.717 |\n", [tmp_path / "out.json", tmp_path / "out.txt"]) == [
         "0.913",
