@@ -246,3 +246,35 @@ def test_a_figure_without_a_source_fails_the_check(tmp_path):
         "0.913",
         "0.717",
     ]
+
+
+# A dotted name the docs give (vit.heads.analyse, vit.config.PRESETS) must import: a module moved
+# or a name renamed fails here, not in a reader's session. Option paths (--model.vit.depth) are not
+# names: a dot, dash or word character before "vit" leaves them out.
+DOTTED = re.compile(r"(?<![\w.\-/])vit(?:\.[A-Za-z_]\w*)+")
+NAMED = sorted({m.group(0) for page in DOCS for m in DOTTED.finditer(page.read_text())})
+
+
+def resolves(name: str) -> bool:
+    """Whether `name` imports: its longest module prefix, then attributes."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[cut:]:
+                found = getattr(found, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_dotted_name_the_docs_give_imports():
+    assert len(NAMED) > 10 and "vit.heads.analyse" in NAMED
+    assert [name for name in NAMED if not resolves(name)] == []
+    assert not resolves("vit.model.PRESETS") and resolves("vit.config.PRESETS")
