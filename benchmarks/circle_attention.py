@@ -24,7 +24,7 @@ import torch
 
 from vit.attention_maps import attention_weights
 from vit.checkpoint import load_checkpoint
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.faithfulness import patch_evidence
 
 

@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from vit.checkpoint import load_checkpoint
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.stats import as_text, interval
 
 

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from vit import load_pretrained
 from vit.callbacks import EvidenceMass
 from vit.checkpoint import load_checkpoint
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.faithfulness import METHODS, evidence_mass, patch_evidence, removal_counts, score
 from vit.plot import save_figure
 

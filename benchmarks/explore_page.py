@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import load_checkpoint, load_network
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.page import explore
 
 # the page's timings once the query's drawing is on screen (two animation frames later)

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if args.ckpt:
         from vit.checkpoint import load_checkpoint
-        from vit.commands.inputs import spread_test_images
+        from vit.datamodules import spread_test_images
 
         classifier, data = load_checkpoint(args.ckpt)
         data.setup("test")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from vit.checkpoint import load_checkpoint
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.faithfulness import patch_evidence
 from vit.patching import MIN_GAP, analyse, ratio_figures, restored, restored_ratio_of_means
 from vit.stats import as_text, interval

@@ -8,7 +8,7 @@ from PIL import Image
 
 from vit import CNNClassifier
 from vit.commands.attention import attention, main, parser, patch
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
 
 PNG = b"\x89PNG"

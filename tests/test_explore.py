@@ -21,7 +21,7 @@ from helpers import ROOT, command_error
 import vit
 from vit.attention_maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
 from vit.commands.attention import main
-from vit.commands.inputs import spread_test_images
+from vit.datamodules import spread_test_images
 from vit.errors import UsageError
 from vit.model import ViT
 from vit.page import Explorer, explore, quantise

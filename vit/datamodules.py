@@ -569,3 +569,15 @@ class FashionMNIST(ImageDataModule):
             raise DataError(f"{label_file} holds label {int(labels.max())}; Fashion-MNIST has 10 classes")
         border = self.preparation.pad
         return F.pad(images[:, None], (border,) * 4), labels.long()
+
+
+def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """`n` test images spread evenly over the test split (image folders list theirs class by
+    class, so the first `n` would often be one class), their labels and their indices."""
+    split = datamodule.split("test")
+    size = len(split)
+    if size == 0:
+        raise ValueError("the data module's test split is empty; give --images")
+    indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
+    images, labels = split[indices]
+    return images, labels, indices

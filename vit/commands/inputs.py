@@ -82,20 +82,6 @@ def check_counts(num_images: int, batch_size: int) -> None:
         raise UsageError(f"num_images={num_images} and batch_size={batch_size} must be at least 1")
 
 
-def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """`n` test images spread evenly over the test split (image folders list theirs class by
-    class, so the first `n` would often be one class), their labels and their indices."""
-    import torch
-
-    split = datamodule.split("test")
-    size = len(split)
-    if size == 0:
-        raise ValueError("the data module's test split is empty; give --images")
-    indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
-    images, labels = split[indices]
-    return images, labels, indices
-
-
 @dataclass
 class Inputs:
     """A ViT and the images a command runs it on: image files, or test images of a data module."""
@@ -164,5 +150,7 @@ def load_inputs(
     if images:
         files = image_files(images)
         return Inputs(network, read_images(files, preparation), names, files=files)
+    from vit.datamodules import spread_test_images
+
     batch, labels, indices = spread_test_images(datamodule, num_images)
     return Inputs(network, batch, names, datamodule=datamodule, indices=indices, labels=labels)
