@@ -408,6 +408,10 @@ def test_the_prefix_tokens_are_named_by_kind():
     for name, (options, expected) in kinds.items():
         model = ViT(preset="micro", image_size=8, patch_size=4, in_channels=1, num_classes=2, **options)
         assert token_kinds(model) == expected, name
+    model = ViT(preset="micro", image_size=(4, 8), patch_size=4, in_channels=1, num_classes=2, distilled=True,
+                num_registers=2)  # fmt: skip
+    names = ["class token", "distillation token", "register 0", "register 1", "patch (0, 0)", "patch (0, 1)"]
+    assert model.token_names() == names  # every position, as the model orders them
 
 
 def test_chunks_change_no_figure_and_the_high_norm_rows_are_per_image_means():

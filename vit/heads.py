@@ -301,10 +301,10 @@ def patch_lens_logits(model: ViT, residual: torch.Tensor) -> torch.Tensor:
 
 
 def token_kinds(model: ViT) -> list[str]:
-    """The kind of each prefix token, in order (the patches follow)."""
-    kinds = ["class token"] if model.cls_token is not None else []
-    kinds += ["distillation token"] if model.dist_token is not None else []
-    return kinds + ["registers"] * model.num_registers
+    """The kind of each prefix token, in order (the patches follow): its name, the registers as one
+    kind."""
+    prefix = model.token_names()[: model.num_prefix_tokens]
+    return ["registers" if name.startswith("register ") else name for name in prefix]
 
 
 def norm_ratios(model: ViT, residual: torch.Tensor) -> torch.Tensor:

@@ -275,6 +275,15 @@ class ViT(nn.Module):
 
     # What training, fine-tuning and analysis ask of a ViT beyond its forward pass.
 
+    def token_names(self) -> list[str]:
+        """A name for each token position, in order: "class token", "distillation token",
+        "register i", then "patch (row, column)" row by row."""
+        names = ["class token"] if self.cls_token is not None else []
+        names += ["distillation token"] if self.dist_token is not None else []
+        names += [f"register {i}" for i in range(self.num_registers)]
+        rows, columns = self.grid_size
+        return names + [f"patch ({r}, {c})" for r in range(rows) for c in range(columns)]
+
     @property
     def patch_proj(self) -> nn.Linear:
         """The linear projection of flattened (p1 p2 c) patches to tokens."""

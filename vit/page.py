@@ -56,11 +56,7 @@ PLACEHOLDER = "__EXPLORE_DATA__"  # where the template takes its data
 
 def prefix_names(model: ViT) -> list[str]:
     """The prefix tokens in the order the model puts them before the patches."""
-    names = ["class token"] if model.cls_token is not None else []
-    names += ["distillation token"] if model.dist_token is not None else []
-    names += [f"register {i}" for i in range(model.num_registers)]
-    assert len(names) == model.num_prefix_tokens, (names, model.num_prefix_tokens)
-    return names
+    return model.token_names()[: model.num_prefix_tokens]
 
 
 def quantise(matrices: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:

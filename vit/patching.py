@@ -36,7 +36,7 @@ from einops import rearrange
 
 from vit.errors import require
 from vit.faithfulness import device_of, perturbed
-from vit.heads import hooks, token_kinds
+from vit.heads import hooks
 from vit.model import ViT
 from vit.stats import interval
 
@@ -134,16 +134,6 @@ def patched_logits(
     with torch.no_grad(), hooks(pair):
         logits = model(corrupted.repeat(copies, *[1] * (corrupted.ndim - 1)))
     return logits.float().view(copies, batch, -1)
-
-
-def token_names(model: ViT) -> list[str]:
-    """A name for each token position: the prefix tokens by kind, then "patch (row, column)"."""
-    kinds = token_kinds(model)
-    names = [
-        f"register {i - kinds.index('registers')}" if k == "registers" else k for i, k in enumerate(kinds)
-    ]
-    rows, columns = model.grid_size
-    return names + [f"patch ({r}, {c})" for r in range(rows) for c in range(columns)]
 
 
 def logit_difference(logits: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -271,7 +261,7 @@ def analyse(
         "tokens": tokens,
         "prefix_tokens": model.num_prefix_tokens,
         "grid": list(model.grid_size),
-        "token_names": token_names(model),
+        "token_names": model.token_names(),
         "protocol": {**PROTOCOL, "left out": PROTOCOL["left out"].replace(str(MIN_GAP), f"{min_gap:g}")},
         "logit_difference": {
             "clean": interval(high.masked_fill(~differ, float("nan")), seed=seed),
