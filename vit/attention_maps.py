@@ -99,8 +99,9 @@ def record_attention(model: ViT, layers: list[int], keep: Callable[[torch.Tensor
             handle.remove()
 
 
-def _device(model: ViT) -> torch.device:
-    return next(model.parameters()).device
+def device_of(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters (the CPU for a model without any)."""
+    return next(model.parameters(), torch.empty(0)).device
 
 
 def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):
@@ -108,7 +109,7 @@ def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be at least 1")
     layers, heads = select_layers(model, layers), select_heads(model, heads)
-    device = _device(model)
+    device = device_of(model)
     for chunk in images.split(batch_size):
         with torch.no_grad(), record_attention(model, layers, lambda w: w[:, heads].float()) as captured:
             logits = model(chunk.to(device))
@@ -250,7 +251,7 @@ def gradient_rollout(
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be at least 1")
     layers = list(range(len(model.blocks)))
-    device = _device(model)
+    device = device_of(model)
     if isinstance(targets, int):
         targets = torch.full((len(images),), targets)
     results = []

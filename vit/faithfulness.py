@@ -35,6 +35,7 @@ from vit.attention_maps import (
     attention_rollout,
     attention_weights,
     cls_attention_maps,
+    device_of,
     gradient_rollout,
     pooled_maps,
 )
@@ -149,10 +150,6 @@ def perturbed(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, g
     mask = F.interpolate(mask.flatten(0, -3)[:, None], size=(height, width), mode="nearest")
     mask = mask.view(*removed.shape[:-1], 1, height, width).bool()
     return torch.where(mask, (fill if fill.ndim == images.ndim else fill.view(-1, 1, 1)).to(images), images)
-
-
-def device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters(), torch.empty(0)).device
 
 
 def model_outputs(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:

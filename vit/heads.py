@@ -48,9 +48,9 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit.attention_maps import record_attention
+from vit.attention_maps import device_of, record_attention
 from vit.errors import require
-from vit.faithfulness import device_of, layers_heads_scores, patch_evidence
+from vit.faithfulness import layers_heads_scores, patch_evidence
 from vit.layers import LayerScale
 from vit.model import ViT
 from vit.stats import interval, lh_interval, spearman_over_images, spearman_test

@@ -34,8 +34,9 @@ from collections.abc import Callable
 import torch
 from einops import rearrange
 
+from vit.attention_maps import device_of
 from vit.errors import require
-from vit.faithfulness import device_of, perturbed
+from vit.faithfulness import perturbed
 from vit.heads import hooks
 from vit.model import ViT
 from vit.stats import interval
