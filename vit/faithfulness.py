@@ -41,7 +41,7 @@ from vit.attention_maps import (
 )
 from vit.errors import UsageError
 from vit.model import ViT
-from vit.stats import as_text, interval, lh_interval, spearman  # noqa: F401 (read from here too)
+from vit.stats import as_text, bootstrap, interval, lh_interval, spearman  # noqa: F401 (read from here too)
 
 METHODS = {  # name (as vit-attention --method names the same map) -> what its map is
     "cls": "class-token attention of the last layer, mean of heads",
@@ -79,7 +79,7 @@ PROTOCOL = {
     "randomisation": "head, then blocks from the last down, re-initialised cumulatively (torch's "
     "reset_parameters); Spearman rank correlation with the trained model's map, per image",
     "target sensitivity": "Spearman rank correlation of the maps for the predicted and runner-up class",
-    "interval": "95% percentile bootstrap over images, 1000 resamples",
+    "interval": bootstrap("images"),
 }
 
 

@@ -53,7 +53,15 @@ from vit.errors import require
 from vit.faithfulness import layers_heads_scores, patch_evidence
 from vit.layers import LayerScale
 from vit.model import ViT
-from vit.stats import interval, lh_interval, spearman_over_images, spearman_test
+from vit.stats import (
+    PERMUTATIONS,
+    SAMPLES,
+    bootstrap,
+    interval,
+    lh_interval,
+    spearman_over_images,
+    spearman_test,
+)
 
 # Darcet et al. call a token high-norm when its norm exceeds 150 in DINOv2 ViT-g, whose norms are
 # bimodal with the ordinary tokens far below. A ratio to the image's median patch-token norm
@@ -87,10 +95,10 @@ PROTOCOL = {
     "evidence patches' attention to the other patches (evidence -> evidence), the class token's "
     "(class token -> evidence); the correlation: Spearman's, over every layer and head, of the mean "
     "mass against the mean loss of log-probability under each ablation (intact minus ablated)",
-    "correlation's uncertainty": "p: two-sided, 10000 random pairings of the heads' two figures; "
-    "interval over heads: 95% percentile bootstrap of the heads, 1000 resamples; interval over images: "
-    "95% percentile bootstrap of the images, the heads' means taken again, 1000 resamples",
-    "interval": "95% percentile bootstrap over images, 1000 resamples",
+    "correlation's uncertainty": f"p: two-sided, {PERMUTATIONS} random pairings of the heads' two figures; "
+    f"interval over heads: 95% percentile bootstrap of the heads, {SAMPLES} resamples; interval over images: "
+    f"95% percentile bootstrap of the images, the heads' means taken again, {SAMPLES} resamples",
+    "interval": bootstrap("images"),
 }
 
 

@@ -39,7 +39,7 @@ from vit.errors import require
 from vit.faithfulness import perturbed
 from vit.heads import hooks
 from vit.model import ViT
-from vit.stats import interval
+from vit.stats import bootstrap, interval
 
 MIN_GAP = 0.1  # logits: pairs whose clean and corrupted logit differences are closer are left out
 SITES = ("heads", "tokens")
@@ -56,7 +56,7 @@ PROTOCOL = {
     "tokens": "one token of the residual stream after the block (the block's output at that position)",
     "left out": f"from the mean of ratios, pairs whose clean and corrupted logit differences lie within "
     f"{MIN_GAP} of each other",
-    "interval": "95% percentile bootstrap over pairs, 1000 resamples (the ratio of means taken again)",
+    "interval": bootstrap("pairs") + " (the ratio of means taken again)",
 }
 
 

@@ -8,6 +8,15 @@ import math
 
 import torch
 
+SAMPLES = 1000  # bootstrap resamples of every interval
+PERMUTATIONS = 10000  # random pairings of a permutation test
+
+
+def bootstrap(over: str, samples: int = SAMPLES) -> str:
+    """How an interval is made, for a protocol's text: "95% percentile bootstrap over images,
+    1000 resamples"."""
+    return f"95% percentile bootstrap over {over}, {samples} resamples"
+
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
     """The rank of each value of x (..., n) along the last axis, from 1; ties get their average rank."""
@@ -26,7 +35,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def spearman_test(
-    a: torch.Tensor, b: torch.Tensor, permutations: int = 10000, samples: int = 1000, seed: int = 0
+    a: torch.Tensor, b: torch.Tensor, permutations: int = PERMUTATIONS, samples: int = SAMPLES, seed: int = 0
 ) -> dict[str, float]:
     """Spearman's rank correlation of paired values a, b (n,) (pairs with a NaN left out) with its
     uncertainty: "p", two-sided, from `permutations` random pairings of the two ((1 + pairings
@@ -51,7 +60,7 @@ def spearman_test(
     return {"rho": rho, "p": p, "low": low, "high": high, "n": len(a)}
 
 
-def spearman_over_images(a: torch.Tensor, b: torch.Tensor, samples: int = 1000, seed: int = 0) -> dict:
+def spearman_over_images(a: torch.Tensor, b: torch.Tensor, samples: int = SAMPLES, seed: int = 0) -> dict:
     """The 95% percentile bootstrap interval over images of Spearman's rank correlation between the
     per-unit means (over images, NaN left out) of a and b (units, N images): the images are
     resampled, the same for every unit, and the correlation of the means taken again; how much the
@@ -68,7 +77,7 @@ def as_text(figure: dict) -> str:
     return f"{figure['mean']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
 
 
-def interval(values: torch.Tensor, samples: int = 1000, seed: int = 0) -> dict[str, float]:
+def interval(values: torch.Tensor, samples: int = SAMPLES, seed: int = 0) -> dict[str, float]:
     """Mean of per-image `values` (NaN left out) and its 95% percentile bootstrap interval."""
     values = values[~values.isnan()].double()
     if len(values) == 0:
