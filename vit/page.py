@@ -160,7 +160,8 @@ def explore(
         raise UsageError(f"explore takes a vit.ViT, not a {type(model).__name__}")
     if head_effects is not None:
         layers, per_layer = len(model.blocks), model.config.heads
-        for grid in (head_effects["values"], head_effects.get("intervals", [[None] * per_layer] * layers)):
+        grids = [head_effects[k] for k in ("values", "intervals") if k in head_effects]
+        for grid in grids:
             if len(grid) != layers or any(len(row) != per_layer for row in grid):
                 raise UsageError(
                     f"the heads' figures are not of this model's {layers} layers x {per_layer} heads"

@@ -39,7 +39,7 @@ from vit.errors import require
 from vit.faithfulness import perturbed
 from vit.heads import hooks
 from vit.model import ViT
-from vit.stats import bootstrap, interval
+from vit.stats import SAMPLES, bootstrap, interval, lh_interval
 
 MIN_GAP = 0.1  # logits: pairs whose clean and corrupted logit differences are closer are left out
 SITES = ("heads", "tokens")
@@ -152,7 +152,7 @@ def restored(patched: torch.Tensor, clean: torch.Tensor, corrupted: torch.Tensor
 
 
 def restored_ratio_of_means(
-    patched: torch.Tensor, clean: torch.Tensor, corrupted: torch.Tensor, samples: int = 1000, seed: int = 0
+    patched: torch.Tensor, clean: torch.Tensor, corrupted: torch.Tensor, samples: int = SAMPLES, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean patched - mean corrupted) / (mean clean - mean corrupted) over the pairs, of logit
     differences (..., P) and (P,) (P,): (...,), and its 95% percentile bootstrap interval over
@@ -247,7 +247,7 @@ def analyse(
                 per_pair[f"patched/{site}"][..., differ], high[differ], low[differ], seed=seed
             )
         )
-        mean_of_ratios[site] = [[interval(v, seed=seed) for v in layer] for layer in per_pair[site]]
+        mean_of_ratios[site] = lh_interval(per_pair[site], seed)
     return {
         "num_pairs": len(clean),
         "pair_counts": {
