@@ -35,7 +35,7 @@ notebooks: $(VENV)/installed
 # configuration is [tool.mutmut] in pyproject.toml): every mutant should fail a test of tests/test_heads.py,
 # test_patch.py or test_stats.py. Not part of make test: about 10 minutes on 2 cores for the functions
 # below the analyse() drivers, more with them. One thread per worker: a forked PyTorch would hang in OpenMP.
-# `make mutate MUTANTS="vit.stats*"` runs a subset.
+# `make mutate MUTANTS="vit.interpret.stats*"` runs a subset.
 mutate: $(VENV)/installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[mutate]"
 	rm -rf mutants

@@ -22,10 +22,10 @@ import argparse
 
 import torch
 
-from vit.attention_maps import attention_weights
 from vit.checkpoint import load_checkpoint
 from vit.datamodules import spread_test_images
-from vit.faithfulness import patch_evidence
+from vit.interpret.maps import attention_weights
+from vit.interpret.patches import patch_evidence
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,8 @@ import torch
 
 from vit.checkpoint import load_checkpoint
 from vit.datamodules import spread_test_images
-from vit.stats import as_text, interval
+from vit.interpret.hooks import explicit_attention, hooks
+from vit.interpret.stats import as_text, interval
 
 
 def predictions(
@@ -34,13 +35,8 @@ def predictions(
         weights[:, head] = 1.0 / weights.shape[-1]
         return weights
 
-    fused, attn.fused = attn.fused, False  # the explicit path, where the weights pass through `attend`
-    handle = attn.attend.register_forward_hook(even)
-    try:
+    with explicit_attention(model, [layer]), hooks((attn.attend.register_forward_hook, even)):
         return predictions(model, images)
-    finally:
-        handle.remove()
-        attn.fused = fused
 
 
 def main(argv: list[str] | None = None) -> None:

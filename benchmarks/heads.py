@@ -1,4 +1,4 @@
-"""The cost of `vit-attention heads` (`vit.heads.analyse`): its time on a checkpoint's test images,
+"""The cost of `vit-attention heads` (`vit.interpret.heads.analyse`): its time on a checkpoint's test images,
 and the forward passes it makes per image against those its protocol needs.
 
     python benchmarks/heads.py --ckpt runs/demo/train/checkpoints/best.ckpt   # after make demo
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from vit.heads import ABLATIONS, analyse
+from vit.interpret.heads import ABLATIONS, analyse
 
 
 def passes_per_image(model, images: torch.Tensor, batch_size: int) -> float:

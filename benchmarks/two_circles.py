@@ -37,10 +37,11 @@ import torch
 from matplotlib.figure import Figure
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
-from vit.attention_maps import attention_share, attention_weights, query_attention_maps
 from vit.classifier import Classifier
+from vit.interpret.figures import overlay_grid_figure
+from vit.interpret.maps import attention_share, attention_weights, query_attention_maps
 from vit.model import num_params
-from vit.plot import overlay_grid_figure, save_figure
+from vit.plot import save_figure
 from vit.two_circles import circle_patch_masks, torus_delta
 
 # The data of the comparison: a wrap-around canvas (each circle's position independent of the

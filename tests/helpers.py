@@ -108,7 +108,7 @@ def command_error(command, args, capsys) -> tuple[int, str]:
 def explicit_attention_weights(model, images):
     """The tokens of `model` (a ViT) and every block's attention weights (batch, heads, tokens,
     tokens), from the explicit path, recorded by plain hooks on each `attend`: the reference that
-    `vit.attention_maps` is tested against."""
+    `vit.interpret.maps` is tested against."""
     weights, attns = [], [block.attn for block in model.blocks]
     fused = [attn.fused for attn in attns]
     hooks = [attn.attend.register_forward_hook(lambda m, args, w: weights.append(w)) for attn in attns]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import explicit_attention_weights
-from vit.attention_maps import (
+from vit.interpret.maps import (
     attention_rollout,
     attention_share,
     attention_weights,
@@ -289,7 +289,7 @@ def test_circle_patch_masks_follow_the_circles_round_the_edge():
 def test_every_method_works_with_several_prefix_tokens(options):
     """Maps cover the patches only (registers and other prefix tokens are never drawn as patches),
     for a non-square grid, whatever the prefix tokens."""
-    from vit.attention_maps import explain
+    from vit.interpret.maps import explain
     from vit.model import ViT
 
     torch.manual_seed(0)
@@ -311,7 +311,7 @@ def test_a_distilled_model_pools_the_rows_of_both_tokens_its_heads_read():
     """DeiT averages the logits of a head on the class token and one on the distillation token:
     rollout and gradient rollout show the mean of those two rows."""
     from vit import ViT
-    from vit.attention_maps import pooled_maps, to_patch_grid
+    from vit.interpret.maps import pooled_maps, to_patch_grid
 
     model = ViT(preset="micro", image_size=16, patch_size=4, num_classes=3, distilled=True)
     relevance = torch.rand(2, model.num_prefix_tokens + 16, model.num_prefix_tokens + 16)

@@ -9,7 +9,8 @@ from PIL import Image
 from vit import CNNClassifier
 from vit.commands.attention import attention, main, parser, patch
 from vit.datamodules import spread_test_images
-from vit.plot import batch_figure, layers_heads_figure, mosaic, overlay_rgb, save_figure
+from vit.interpret.figures import batch_figure, layers_heads_figure, mosaic, overlay_rgb
+from vit.plot import save_figure
 
 PNG = b"\x89PNG"
 
@@ -216,7 +217,7 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
     """Rollouts of a `pool: mean` model follow its patch tokens, and say so; `--method cls` notes
     that the class token does not feed its head. With `attn_window` the class token attends only
     to itself, so a class-token rollout would be blank there; the pooled one is not."""
-    import vit.plot
+    import vit.interpret.figures
     from vit import ViTClassifier, ViTConfig
 
     options = dict(pool="mean", attn_window=1) if pool == "mean" else {}
@@ -233,7 +234,8 @@ def test_rollouts_follow_the_tokens_the_head_reads(tmp_path, monkeypatch, capsys
         drawn.append((title, maps))
         return batch_figure(images, maps, *args, title=title, **kwargs)
 
-    monkeypatch.setattr(vit.plot, "batch_figure", batch_figure_spy)  # the command imports it when it runs
+    # the command imports it when it runs
+    monkeypatch.setattr(vit.interpret.figures, "batch_figure", batch_figure_spy)
     for method in ("rollout", "grad-rollout", "cls"):
         run("--ckpt", ckpt, "--images", picture, "--out", tmp_path / method, "--method", method)
     token = {"mean": "mean-pooled-token", "cls": "class-token"}[pool]

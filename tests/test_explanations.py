@@ -1,4 +1,4 @@
-"""Which map tells the truth: the scores of vit.faithfulness, the evidence of the data
+"""Which map tells the truth: the scores of vit.interpret.faithfulness, the evidence of the data
 modules, `vit-attention score` and the EvidenceMass callback."""
 
 import csv
@@ -14,20 +14,18 @@ from vit import ImageFolders, TwoCircles, compat
 from vit.commands import score as score_command
 from vit.commands import train as cli
 from vit.commands.attention import main as attention_main
-from vit.faithfulness import (
+from vit.interpret.faithfulness import (
     METHODS,
     area,
-    evidence_scores,
     headline,
-    interval,
     method_maps,
-    patch_evidence,
     perturbation_curves,
     randomisation_steps,
     removal_counts,
     removal_order,
-    spearman,
 )
+from vit.interpret.patches import evidence_scores, patch_evidence
+from vit.interpret.stats import interval, spearman
 
 
 def test_the_command_names_every_method():

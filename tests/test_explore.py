@@ -3,7 +3,7 @@
 The browser tests open the page from a file URL in headless Chromium (Playwright) with every
 network request blocked, click as a user does and read back what the page drew: each map canvas
 keeps the values it painted (`canvas.values`, the patches row by row), and in gray the pixels say
-the same. Those are held against `vit.attention_maps` within the error the page states.
+the same. Those are held against `vit.interpret.maps` within the error the page states.
 """
 
 import base64
@@ -19,12 +19,12 @@ import torch
 from helpers import ROOT, command_error
 
 import vit
-from vit.attention_maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
 from vit.commands.attention import main
 from vit.datamodules import spread_test_images
 from vit.errors import UsageError
+from vit.interpret.maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
+from vit.interpret.page import Explorer, explore, quantise
 from vit.model import ViT
-from vit.page import Explorer, explore, quantise
 
 SCREENSHOT = ROOT / "docs" / "explore.png"  # the README shows it
 
@@ -335,7 +335,7 @@ def test_the_keyboard_and_the_mouse_move_the_query(browser, command_page):
 
 def test_the_page_reads_base85_as_python_writes_it(browser):
     """Every length of the last group (0 to 3 bytes), and the largest values."""
-    template = (Path(vit.__file__).parent / "page.html").read_text(encoding="utf-8")
+    template = (Path(vit.__file__).parent / "interpret" / "page.html").read_text(encoding="utf-8")
     decoder = template[template.index("  const B85 =") : template.index("  const LUT = {};")]
     page = browser.new_page()
     page.evaluate(f"() => {{ window.bytes85 = (() => {{ {decoder} return bytes85; }})(); }}")

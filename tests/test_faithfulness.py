@@ -1,4 +1,4 @@
-"""The faithfulness maths of `vit.faithfulness` against answers computed another way: hand-counted
+"""The faithfulness maths of `vit.interpret.faithfulness` against answers computed another way: hand-counted
 evidence figures, the gradient written out, attention read straight from the weights, curves
 rebuilt patch by patch, and the protocol's seeds and defaults."""
 
@@ -10,22 +10,20 @@ import pytest
 import torch
 
 from vit import ViT
-from vit.attention_maps import attention_rollout, attention_weights, pooled_maps
-from vit.faithfulness import (
+from vit.interpret.faithfulness import (
     METHODS,
     chunked_maps,
     default_methods,
     evidence_mass,
-    evidence_scores,
     input_gradient,
-    layers_heads_scores,
     method_maps,
-    perturbed,
     randomisation_steps,
     removal_counts,
     removal_order,
     score,
 )
+from vit.interpret.maps import attention_rollout, attention_weights, pooled_maps
+from vit.interpret.patches import evidence_scores, layers_heads_scores, perturbed
 
 
 def model_of(**options) -> ViT:

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from vit import ViT
-from vit.attention_maps import METHODS, explain
 from vit.commands import eval as eval_command
 from vit.commands import score as score_command
+from vit.interpret.maps import METHODS, explain
 
 pytestmark = [
     pytest.mark.gpu,
@@ -198,17 +198,17 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
 def test_vit_attention_on_the_gpu_draws_the_cpus_maps(trained_checkpoint, tmp_path, monkeypatch, method):
     """`vit-attention --device cuda` computes the maps there (and Figure 7) and draws what
     `--device cpu` draws, within the tolerance of the maps above."""
-    import vit.plot
+    import vit.interpret.figures
     from vit.commands import attention
 
     drawn = {}
-    batch_figure = vit.plot.batch_figure
+    batch_figure = vit.interpret.figures.batch_figure
 
     def spy(images, maps, *args, **kwargs):
         drawn[device] = maps
         return batch_figure(images, maps, *args, **kwargs)
 
-    monkeypatch.setattr(vit.plot, "batch_figure", spy)  # the command imports it when it runs
+    monkeypatch.setattr(vit.interpret.figures, "batch_figure", spy)  # the command imports it when it runs
     query = ["--query-patch", "1,2"] if method == "query" else []
     for device in ("cpu", "cuda"):
         attention.main(

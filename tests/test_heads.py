@@ -1,4 +1,4 @@
-"""Which heads a ViT uses: `vit.heads` (ablation, direct logit attribution, logit lens, high-norm
+"""Which heads a ViT uses: `vit.interpret.heads` (ablation, direct logit attribution, logit lens, high-norm
 tokens) and `vit-attention heads`. The causal claims are checked on a model set by hand, whose
 one working head is known."""
 
@@ -14,9 +14,9 @@ from helpers import command_error
 from vit import ViT
 from vit.commands import heads as heads_command
 from vit.commands.attention import main as attention_main
-from vit.faithfulness import score
-from vit.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
-from vit.stats import interval
+from vit.interpret.faithfulness import score
+from vit.interpret.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
+from vit.interpret.stats import interval
 
 
 def test_the_command_names_the_library_defaults():
@@ -321,7 +321,7 @@ def test_mean_ablation_replaces_each_position_with_its_own_mean():
 def test_the_logit_lens_after_each_block_is_the_model_cut_after_that_block(options):
     model = perturbed_model(**options)
     images = torch.rand(5, 1, 16, 16)
-    from vit.heads import lens_logits
+    from vit.interpret.heads import lens_logits
 
     lens = lens_logits(model, record(model, images).residual)
     for layer in range(len(model.blocks)):
@@ -335,7 +335,7 @@ def test_each_patch_read_alone_averages_to_the_models_reading_of_the_patch_mean(
     """The head is linear after the final norm (no fc_norm): the mean over patches of each patch's
     logits is the logit lens of a model that reads the patches' mean; the class token, set far
     from the patches, must not be among them."""
-    from vit.heads import lens_logits, patch_lens_logits
+    from vit.interpret.heads import lens_logits, patch_lens_logits
 
     model = perturbed_model(pool="mean")
     with torch.no_grad():
@@ -347,7 +347,7 @@ def test_each_patch_read_alone_averages_to_the_models_reading_of_the_patch_mean(
 
 
 def test_the_attention_to_high_norm_tokens_is_the_next_blocks_and_the_class_tokens_is_its_row():
-    from vit.attention_maps import attention_weights
+    from vit.interpret.maps import attention_weights
 
     model = perturbed_model(num_registers=1)
     with torch.no_grad():
@@ -367,7 +367,7 @@ def test_the_attention_to_high_norm_tokens_is_the_next_blocks_and_the_class_toke
 
 
 def test_the_norm_ratio_divides_by_the_median_of_the_patch_tokens_only():
-    from vit.heads import norm_ratios
+    from vit.interpret.heads import norm_ratios
 
     model = ViT(preset="micro", image_size=12, patch_size=4, in_channels=1, num_classes=2, num_registers=2)
     assert model.num_prefix_tokens == 3 and model.grid_size == (3, 3)
@@ -378,7 +378,7 @@ def test_the_norm_ratio_divides_by_the_median_of_the_patch_tokens_only():
 
 
 def test_each_ablated_copy_is_measured_against_the_intact_copy():
-    from vit.heads import ablation_changes
+    from vit.interpret.heads import ablation_changes
 
     logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]], [[0.0, 3.0]]])  # intact, then two ablated copies
     accuracy, log_p = ablation_changes(logits, torch.tensor([0]), torch.tensor([0]))
@@ -397,7 +397,7 @@ def test_two_classes_have_a_runner_up_and_the_default_is_the_difference():
 
 
 def test_the_prefix_tokens_are_named_by_kind():
-    from vit.heads import token_kinds
+    from vit.interpret.heads import token_kinds
 
     kinds = {
         "class token only": ({}, ["class token"]),
@@ -469,7 +469,7 @@ def test_chunks_change_no_figure_and_the_high_norm_rows_are_per_image_means():
 
 
 def test_the_patch_lens_accuracy_counts_the_patches_read_as_the_label():
-    from vit.heads import patch_lens_logits
+    from vit.interpret.heads import patch_lens_logits
 
     torch.manual_seed(0)
     model = perturbed_model(pool="mean")
@@ -517,7 +517,7 @@ def test_one_class_and_a_norm_ratio_just_above_1_are_analysed():
 
 
 def test_the_seed_reaches_the_correlations_interval_over_images():
-    from vit.heads import looking_against_using
+    from vit.interpret.heads import looking_against_using
 
     g = torch.Generator().manual_seed(0)
     per_image = {  # 5 layers x 6 heads, 40 images: a correlation of 30 heads varies finely

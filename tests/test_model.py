@@ -7,8 +7,8 @@ from einops import rearrange
 from torch import nn
 
 from tests.helpers import explicit_attention_weights
-from vit.attention_maps import attention_weights
 from vit.config import PRESETS, ViTConfig
+from vit.interpret.maps import attention_weights
 from vit.layers import RelativePositionBias, ShiftedPatches, sincos_2d
 from vit.model import Attention, LocalityAttention, ViT
 

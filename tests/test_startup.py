@@ -56,8 +56,8 @@ def test_every_lazy_name_is_the_object_of_its_module():
 
 
 def test_the_head_fusions_of_the_help_are_those_of_vit_attention():
-    from vit.attention_maps import HEAD_FUSIONS
     from vit.commands.attention import HEAD_FUSION_NAMES
+    from vit.interpret.maps import HEAD_FUSIONS
 
     assert HEAD_FUSION_NAMES == tuple(HEAD_FUSIONS)
 

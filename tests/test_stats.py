@@ -1,4 +1,4 @@
-"""The statistics behind every looking-inside figure (`vit.stats`), against answers computed
+"""The statistics behind every looking-inside figure (`vit.interpret.stats`), against answers computed
 another way: exact permutation distributions, hand-counted ranks, degenerate resamples."""
 
 import itertools
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vit.stats import interval, lh_interval, spearman, spearman_over_images, spearman_test
+from vit.interpret.stats import interval, lh_interval, spearman, spearman_over_images, spearman_test
 
 
 def test_spearman_test_gives_rho_and_a_p_value_near_the_exact_permutation_one():
@@ -67,7 +67,7 @@ def test_interval_is_the_mean_with_nan_left_out_and_a_bootstrap_around_it():
 
 
 def test_ties_take_their_average_rank_and_rows_are_ranked_apart():
-    from vit.stats import _ranks
+    from vit.interpret.stats import _ranks
 
     assert _ranks(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
     assert _ranks(torch.tensor([2, 2, 2])).tolist() == [2.0, 2.0, 2.0]  # integers ranked as floats

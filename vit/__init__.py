@@ -23,7 +23,7 @@ _EXPORTS = {
     "ViT": "vit.model",
     "ViTClassifier": "vit.classifier",
     "ViTConfig": "vit.config",
-    "explore": "vit.page",
+    "explore": "vit.interpret.page",
     "load_pretrained": "vit.pretrained",
 }
 
@@ -47,8 +47,8 @@ if TYPE_CHECKING:  # what linters and editors see; at run time `__getattr__` imp
     from vit.classifier import Classifier, CNNClassifier, ViTClassifier
     from vit.config import PRESETS, ViTConfig
     from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
+    from vit.interpret.page import explore
     from vit.model import ViT
-    from vit.page import explore
     from vit.preparation import Preparation
     from vit.pretrained import load_pretrained
     from vit.two_circles import TwoCircles

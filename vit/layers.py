@@ -34,7 +34,7 @@ def masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 class Softmax(nn.Module):
     """The attention weights: softmax over the keys, in fp32 (CPU's bf16 kernel computes in fp32
     inside and returns bf16, without an fp32 copy). A module of its own so that a hook can record
-    the weights (`vit.attention_maps.record_attention`), as vit-pytorch's recorder does."""
+    the weights (`vit.interpret.hooks.record_attention`), as vit-pytorch's recorder does."""
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
         if explicit_is_faster(scores):

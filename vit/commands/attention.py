@@ -7,7 +7,7 @@
     vit-attention --ckpt best.ckpt --html            # one page: every layer, head, query and method
     vit-attention --ckpt best.ckpt --datamodule mydm.Pets --data root=photos  # your own data module
 
-The maps come from `vit.attention_maps.explain`; this command loads (`vit.commands.inputs`), draws
+The maps come from `vit.interpret.maps.explain`; this command loads (`vit.commands.inputs`), draws
 and saves. Image files need only the checkpoint (its `Preparation`: no data module is built) or a
 model of another library (`--model`, `vit.pretrained`); test images come from the checkpoint's
 data module. The maps, the page and the plots are computed on `--device` (the model moves there;
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from vit.model import ViT
 
-# The keys of `vit.attention_maps.HEAD_FUSIONS`, named here so that --help needs no torch (a test
+# The keys of `vit.interpret.maps.HEAD_FUSIONS`, named here so that --help needs no torch (a test
 # checks that they match).
 HEAD_FUSION_NAMES = ("mean", "max", "min")
 
@@ -59,7 +59,7 @@ def check_options(
     discard_ratio: float = 0.0,
 ) -> None:
     """The options of `explain`, checked before any model is loaded, in the words of the flags."""
-    from vit.attention_maps import METHODS, check_head_fusion
+    from vit.interpret.maps import METHODS, check_head_fusion
 
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -112,7 +112,7 @@ def attention(
     `<method>_NNN_<image>.png` per image (NNN its position, <image> `test<index>` or the file's
     name) with a row per layer and a column per head. `plots` adds the ViT paper's Figure 7:
     mean_attention_distance.png, pos_embed_similarity.png and embedding_filters.png. The
-    options are those of `vit.attention_maps.explain`, and `vit-attention --help` explains them.
+    options are those of `vit.interpret.maps.explain`, and `vit-attention --help` explains them.
     Test images come from the checkpoint's data module, built as `vit.commands.inputs.load_inputs`
     builds it (`datamodule_class`, `data`). Everything is computed on `device` (auto: cuda where
     PyTorch sees one) and drawn on the CPU.
@@ -125,9 +125,10 @@ def attention(
     """
     import torch
 
-    from vit.attention_maps import explain
     from vit.checkpoint import check_source
-    from vit.plot import batch_figure, layers_heads_figure, save_all
+    from vit.interpret.figures import batch_figure, layers_heads_figure
+    from vit.interpret.maps import explain
+    from vit.plot import save_all
 
     started = time.perf_counter()
     if isinstance(query_patch, str):  # as given on the command line
@@ -224,7 +225,7 @@ def read_scores(path: str | Path, page: Path | None) -> dict:
     """The figures of a scores.json written by `vit-attention score`, for the page."""
     import json
 
-    from vit.faithfulness import headline
+    from vit.interpret.faithfulness import headline
 
     if page is None:
         raise UsageError("--scores goes with --html: the page shows them")
@@ -258,7 +259,7 @@ def write_page(
     path: Path, model: ViT, batch, captions, names, options: dict, rollout: dict, batch_size: int, started
 ) -> Path:
     """The page of `vit.explore` for `batch`, written to `path`."""
-    from vit.page import explore
+    from vit.interpret.page import explore
 
     found = explore(model, batch, captions, names, **options, **rollout, batch_size=batch_size)
     path = found.save(path)
@@ -270,13 +271,17 @@ def write_page(
 
 def figure_7(model: ViT, images: torch.Tensor, batch_size: int) -> dict:
     """The three panels of the ViT paper's Figure 7, as figures by file name."""
-    from vit.attention_maps import (
+    from vit.interpret.figures import (
+        embedding_filters_figure,
+        mean_distance_figure,
+        pos_embed_similarity_figure,
+    )
+    from vit.interpret.maps import (
         embedding_filter_components,
         iter_attention,
         mean_attention_distance,
         pos_embed_similarity,
     )
-    from vit.plot import embedding_filters_figure, mean_distance_figure, pos_embed_similarity_figure
 
     distance, count = 0.0, 0
     for weights in iter_attention(model, images, batch_size=batch_size):  # chunk by chunk

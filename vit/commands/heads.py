@@ -1,7 +1,7 @@
 """`vit-attention heads`: which heads does the model use? Each head ablated alone (by its mean and
 by zero), each head's direct contribution to the predicted logit, the logit lens after each block,
 the high-norm tokens of each layer and, where the data knows its evidence, each head's attention
-on it beside its ablation (`vit.heads`).
+on it beside its ablation (`vit.interpret.heads`).
 
     vit-attention heads --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/heads
     vit-attention heads --ckpt best.ckpt --num_images 128 --norm_ratio 8
@@ -34,8 +34,8 @@ from vit.commands.base import (
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
-NORM_RATIO = 4.0  # vit.heads.NORM_RATIO, here so that --help needs no torch (a test checks them)
-ATTRIBUTIONS = ("difference", "centred", "logit")  # vit.heads.ATTRIBUTIONS, the first the default
+NORM_RATIO = 4.0  # vit.interpret.heads.NORM_RATIO, here so that --help needs no torch (a test checks them)
+ATTRIBUTIONS = ("difference", "centred", "logit")  # vit.interpret.heads.ATTRIBUTIONS, the first the default
 READINGS = {  # what the attribution's parts sum to, as the tables name it
     "difference": "the logit difference, predicted class - runner-up",
     "centred": "the centred logit of the predicted class",
@@ -44,8 +44,8 @@ READINGS = {  # what the attribution's parts sum to, as the tables name it
 
 
 def table(results: dict) -> str:
-    """The figures of `vit.heads.analyse` as text tables: heads, other parts, logit lens, norms."""
-    from vit.stats import as_text as cell
+    """The figures of `vit.interpret.heads.analyse` as text tables: heads, other parts, logit lens, norms."""
+    from vit.interpret.stats import as_text as cell
 
     reading = READINGS[results["attribute"]]
     lines = ["", "each head: ablated alone (change, mean [95% interval]) and its direct logit attribution",
@@ -101,7 +101,7 @@ LOOKS = {"query": "evidence -> evidence", "cls": "class token -> evidence"}
 
 def looking_table(results: dict) -> list[str]:
     """Each head's attention mass on the evidence beside its ablation, and their rank correlation."""
-    from vit.stats import as_text as cell
+    from vit.interpret.stats import as_text as cell
 
     found = results["evidence"]
     names = [name for name in LOOKS if name in found["mass"]]
@@ -144,11 +144,16 @@ def heads(
 ) -> dict:
     """Analyse the heads of a checkpoint's ViT (or a `--model`'s) on test images or image files,
     print the tables and, with `out`, write heads.json and the figures. Returns the results
-    (`vit.heads.analyse`). Test images come from the checkpoint's data module, built as
+    (`vit.interpret.heads.analyse`). Test images come from the checkpoint's data module, built as
     `vit.commands.inputs.load_inputs` builds it (`datamodule_class`, `data`)."""
     from vit.checkpoint import check_source
-    from vit.heads import ABLATIONS, analyse
-    from vit.plot import ablation_figure, attribution_figure, logit_lens_figure, token_norms_figure
+    from vit.interpret.figures import (
+        ablation_figure,
+        attribution_figure,
+        logit_lens_figure,
+        token_norms_figure,
+    )
+    from vit.interpret.heads import ABLATIONS, analyse
 
     started = time.perf_counter()
     check_source(ckpt, model, weights, datamodule_class)

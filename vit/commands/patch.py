@@ -1,5 +1,5 @@
 """`vit-attention patch`: which activations carry what decides the class? Activation patching
-(`vit.patching`): pairs of images that differ in it, the corrupted one run with one head's output
+(`vit.interpret.patching`): pairs of images that differ in it, the corrupted one run with one head's output
 or one token of the residual stream copied from the clean one's run.
 
     vit-attention patch --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/patch
@@ -42,7 +42,7 @@ from vit.commands.inputs import check_counts, check_images, load_inputs, torch_d
 from vit.errors import UsageError
 
 CORRUPTIONS = ("counterfactual", "resample:K", "random:K", "evidence")
-MIN_GAP = 0.1  # vit.patching.MIN_GAP, here so that --help needs no torch (a test checks them)
+MIN_GAP = 0.1  # vit.interpret.patching.MIN_GAP, here so that --help needs no torch (a test checks them)
 
 
 def parse_corrupt(corrupt: str | None) -> tuple[str | None, int | None]:
@@ -85,9 +85,9 @@ def read_pairs(path: str | Path) -> list[tuple[Path, Path]]:
 
 
 def table(results: dict, top: int = 3) -> str:
-    """The figures of `vit.patching.analyse` as text tables: heads by layer (the ratio of means,
+    """The figures of `vit.interpret.patching.analyse` as text tables: heads by layer (the ratio of means,
     the mean of ratios beside it), and per layer the tokens that restore the most."""
-    from vit.stats import as_text as cell
+    from vit.interpret.stats import as_text as cell
 
     heads, tokens = results["restored"]["heads"], results["restored"]["tokens"]
     beside = results["mean_of_ratios"]
@@ -134,11 +134,11 @@ def patch(
 ) -> dict:
     """Patch every head and every residual-stream token of a checkpoint's ViT (or a `--model`'s)
     from clean into corrupted images, print the tables and, with `out`, write patch.json and the
-    figures. Returns the results (`vit.patching.analyse`)."""
+    figures. Returns the results (`vit.interpret.patching.analyse`)."""
     import torch
 
     from vit.checkpoint import check_source
-    from vit.plot import patching_figure, patching_tokens_figure
+    from vit.interpret.figures import patching_figure, patching_tokens_figure
 
     started = time.perf_counter()
     check_source(ckpt, model, weights, datamodule_class)
@@ -160,8 +160,8 @@ def patch(
     check_out_folder(out)
     device = torch_device(device)
 
-    from vit.faithfulness import patch_evidence
-    from vit.patching import analyse, random_patches, replace_patches, resample_patches
+    from vit.interpret.patches import patch_evidence
+    from vit.interpret.patching import analyse, random_patches, replace_patches, resample_patches
 
     classes = None
     if listed is not None:

@@ -1,4 +1,4 @@
-"""Which map tells the truth? Faithfulness scores for the maps of `vit.attention_maps`, against the
+"""Which map tells the truth? Faithfulness scores for the maps of `vit.interpret.maps`, against the
 model's behaviour and, where the data knows it, against the evidence.
 
 - Perturbation (Chefer et al. 2021's positive and negative perturbation; RISE's deletion):
@@ -31,17 +31,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.attention_maps import (
+from vit.errors import UsageError
+from vit.interpret.hooks import device_of, model_outputs
+from vit.interpret.maps import (
     attention_rollout,
     attention_weights,
     cls_attention_maps,
-    device_of,
     gradient_rollout,
     pooled_maps,
 )
-from vit.errors import UsageError
+from vit.interpret.patches import evidence_scores, layers_heads_scores, patch_evidence, perturbed
+from vit.interpret.stats import as_text, bootstrap, interval, lh_interval, spearman
 from vit.model import ViT
-from vit.stats import as_text, bootstrap, interval, lh_interval, spearman  # noqa: F401 (read from here too)
 
 METHODS = {  # name (as vit-attention --method names the same map) -> what its map is
     "cls": "class-token attention of the last layer, mean of heads",
@@ -84,12 +85,6 @@ PROTOCOL = {
 
 
 # ------------------------------------------------------------------------------ the maps, per patch
-
-
-def patch_evidence(model: ViT, pixels: torch.Tensor) -> torch.Tensor:
-    """Evidence pixels (B, H, W) -> evidence patches (B, patches): a patch with any evidence."""
-    pooled = F.adaptive_max_pool2d(pixels[:, None].float(), model.grid_size)
-    return pooled.flatten(1) > 0
 
 
 def input_gradient(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, grid: tuple[int, int]):
@@ -142,23 +137,6 @@ def removal_order(maps: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     return shuffle.gather(-1, order)
 
 
-def perturbed(images: torch.Tensor, removed: torch.Tensor, fill: torch.Tensor, grid: tuple[int, int]):
-    """`images` (B, C, H, W) with the patches in `removed` (..., B, patches) bool set to `fill`:
-    a colour (C,), or images (B, C, H, W) whose patches replace them: (..., B, C, H, W)."""
-    height, width = images.shape[-2:]
-    mask = removed.unflatten(-1, grid).float()
-    mask = F.interpolate(mask.flatten(0, -3)[:, None], size=(height, width), mode="nearest")
-    mask = mask.view(*removed.shape[:-1], 1, height, width).bool()
-    return torch.where(mask, (fill if fill.ndim == images.ndim else fill.view(-1, 1, 1)).to(images), images)
-
-
-def model_outputs(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Logits of `images` (N, C, H, W), `batch_size` at a time, without gradients."""
-    device = device_of(model)
-    with torch.inference_mode():
-        return torch.cat([model(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
-
-
 def perturbation_curves(
     model: nn.Module,
     images: torch.Tensor,
@@ -195,29 +173,6 @@ def area(curves: torch.Tensor, counts: list[int], patches: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- against evidence
-
-
-def evidence_scores(maps: torch.Tensor, evidence: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Relevance mass, rank accuracy and pointing game of maps (..., patches) against evidence
-    patches (..., patches) bool: each (...,), NaN for an image without evidence."""
-    positive = maps.clamp_min(0)
-    mass = (positive * evidence).sum(-1) / positive.sum(-1).clamp_min(1e-12)
-    k, hit = evidence.sum(-1), evidence.float()
-    # Tied values count as their expectation over a random order of the ties: a map that ties
-    # everything scores the evidence's share, wherever the evidence is (a stable sort would favour
-    # the patches that come first).
-    kth = maps.sort(dim=-1, descending=True).values.gather(-1, (k - 1).clamp_min(0)[..., None])
-    above, tied = maps > kth, maps == kth
-    room = k - above.sum(-1)  # how many of the tied patches the top k takes
-    rank = ((hit * above).sum(-1) + room * (hit * tied).sum(-1) / tied.sum(-1)) / k.clamp_min(1)
-    top = maps == maps.amax(-1, keepdim=True)
-    pointing = (hit * top).sum(-1) / top.sum(-1)
-    none = k == 0
-    return {
-        "relevance_mass": mass.masked_fill(none, float("nan")),
-        "rank_accuracy": rank.masked_fill(none, float("nan")),
-        "pointing_game": pointing.masked_fill(none, float("nan")),
-    }
 
 
 # ---------------------------------------------------------------------------------- sanity checks
@@ -354,28 +309,6 @@ def score(
         results["randomisation"] = randomisation(model, images, trained, predicted, batch_size, seed)
         results["target_sensitivity"] = target_sensitivity(model, images, trained, runner_up, batch_size)
     return results
-
-
-def layers_heads_scores(model: ViT, images: torch.Tensor, evidence: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Evidence figures (layers, heads, B) of two maps per layer and head: the class token's
-    attention (`cls/...`, with a class token) and the evidence patches' attention to the other
-    patches (`query/...`: each evidence patch's row without its own column, averaged over them:
-    how much the evidence looks at the rest of the evidence)."""
-    weights = attention_weights(model, images, batch_size=len(images))  # (L, B, H, T, T)
-    prefix = model.num_prefix_tokens
-    rows = weights[..., prefix:, prefix:]  # (L, B, H, N, N) patches to patches
-    eye = torch.eye(rows.shape[-1], dtype=torch.bool)
-    rows = rows.masked_fill(eye, 0.0)
-    queries = evidence[None, :, None, :, None].float()
-    query_maps = (rows * queries).sum(-2) / queries.sum(-2).clamp_min(1)  # (L, B, H, N)
-    scores = {}
-    maps = {"query": query_maps}
-    if model.cls_token is not None:
-        maps["cls"] = weights[..., 0, prefix:]
-    for name, m in maps.items():
-        for figure, values in evidence_scores(m, evidence[None, :, None].expand_as(m)).items():
-            scores[f"{name}/{figure}"] = values.permute(0, 2, 1)  # (L, H, B)
-    return scores
 
 
 def chunked_maps(model: ViT, images, method: str, targets: torch.Tensor, batch_size: int) -> torch.Tensor:

@@ -3,12 +3,12 @@
     page = vit.explore(model, images)   # in Jupyter, `page` shows itself inline
     page.save("attention.html")         # the same page as a file: opens offline, can be mailed
 
-The page (the template `vit/page.html`: markup, style and one small script, no framework, no
+The page (the template `vit/interpret/page.html`: markup, style and one small script, no framework, no
 network) holds the images and, per image, every layer's and head's attention weights, the
 attention rollout through each layer and the gradient-weighted rollout for the top classes. The
 user picks an image, hovers or clicks a patch or a prefix token (class, distillation, register:
 listed beside the grid, never drawn as patches) and sees where that query looks in every layer
-and head; arrow keys move it. Everything is computed here with `vit.attention_maps`; the page
+and head; arrow keys move it. Everything is computed here with `vit.interpret.maps`; the page
 only reads rows out of the matrices, averages heads (and, for a `pool: mean` model, the patch
 rows the head reads) and draws.
 
@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.attention_maps import (
+from vit.errors import UsageError
+from vit.interpret.maps import (
     METHODS,
     attention_rollout,
     attention_weights,
@@ -44,7 +45,6 @@ from vit.attention_maps import (
     select_heads,
     select_layers,
 )
-from vit.errors import UsageError
 from vit.model import ViT
 
 # The page's views, by the method names of `vit-attention --method`.
@@ -268,7 +268,7 @@ def explore(
         "scores": scores,  # "Which map tells the truth?": per-method scores, when measured
         "head_effects": head_effects,  # which heads the prediction uses, when measured
     }
-    template = files("vit").joinpath("page.html").read_text(encoding="utf-8")
+    template = files("vit.interpret").joinpath("page.html").read_text(encoding="utf-8")
     # inside <script type="application/json">, "</" would end it and "<!--" change how it ends
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\u0021--")
     return Explorer(data, template.replace(PLACEHOLDER, text))

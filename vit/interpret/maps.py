@@ -20,8 +20,7 @@ and other token layouts work.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from vit.errors import UsageError
+from vit.interpret.hooks import device_of, record_attention
 from vit.model import ViT
 
 # How `attention_rollout` fuses the heads of one layer.
@@ -62,46 +62,6 @@ def select_layers(model: ViT, layers: int | Sequence[int] | None) -> list[int]:
 
 def select_heads(model: ViT, heads: int | Sequence[int] | None) -> list[int]:
     return _resolve(heads, model.blocks[0].attn.heads, "head")
-
-
-@contextmanager
-def record_attention(model: ViT, layers: list[int], keep: Callable[[torch.Tensor], torch.Tensor]):
-    """Within the `with` block, each chosen layer's attention takes its explicit path and its
-    weights (batch, heads, tokens, tokens), as its `attend` step computes them, are recorded:
-    `keep(weights)` is appended to the yielded dict's list for that layer (vit-pytorch's recorder).
-
-    The model runs in eval mode (dropout off, every patch kept) and eagerly where it was compiled
-    in place (`model.compile()`, as `compile: true` trains: a compiled graph runs no hooks); the
-    hooks, the explicit path and the eager calls last for the `with` block only: no switch of
-    the model is left flipped.
-    """
-    captured: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
-    attns = [model.blocks[i].attn for i in layers]
-    fused, was_training = [attn.fused for attn in attns], model.training
-    compiled = model._compiled_call_impl  # set by nn.Module.compile(), else None
-
-    def store(i):
-        return lambda module, args, weights: captured[i].append(keep(weights))
-
-    handles = [attn.attend.register_forward_hook(store(i)) for i, attn in zip(layers, attns, strict=True)]
-    try:
-        model.eval()
-        model._compiled_call_impl = None
-        for attn in attns:
-            attn.fused = False
-        yield captured
-    finally:
-        model._compiled_call_impl = compiled
-        model.train(was_training)
-        for attn, flag in zip(attns, fused, strict=True):
-            attn.fused = flag
-        for handle in handles:
-            handle.remove()
-
-
-def device_of(model: torch.nn.Module) -> torch.device:
-    """The device of a model's parameters (the CPU for a model without any)."""
-    return next(model.parameters(), torch.empty(0)).device
 
 
 def _chunks(model: ViT, images: torch.Tensor, layers, heads, batch_size: int):

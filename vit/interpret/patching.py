@@ -19,7 +19,7 @@ not).
   of each other, which it leaves out (the count is reported); single pairs with small gaps can
   swing it far.
 - The activations: each head's output (its slice of the input of `blocks[i].attn.proj`, as
-  `vit.heads` reads it) and each token of the residual stream after each block (the block's
+  `vit.interpret.heads` reads it) and each token of the residual stream after each block (the block's
   output at one token position). A layer's heads, or its tokens, are patched in one batch: one
   copy of each corrupted image per head (per token), with that head (token) from the clean run.
 
@@ -34,12 +34,11 @@ from collections.abc import Callable
 import torch
 from einops import rearrange
 
-from vit.attention_maps import device_of
 from vit.errors import require
-from vit.faithfulness import perturbed
-from vit.heads import hooks
+from vit.interpret.hooks import device_of, hooks, on_heads, on_residual
+from vit.interpret.patches import perturbed
+from vit.interpret.stats import SAMPLES, bootstrap, interval, lh_interval
 from vit.model import ViT
-from vit.stats import SAMPLES, bootstrap, interval, lh_interval
 
 MIN_GAP = 0.1  # logits: pairs whose clean and corrupted logit differences are closer are left out
 SITES = ("heads", "tokens")
@@ -95,10 +94,7 @@ def activations(model: ViT, images: torch.Tensor) -> tuple[torch.Tensor, torch.T
     heads, residual = [], []
     pairs = []
     for block in model.blocks:
-        pairs += [
-            (block.attn.proj.register_forward_pre_hook, lambda module, args: heads.append(args[0])),
-            (block.register_forward_hook, lambda module, args, out: residual.append(out)),
-        ]
+        pairs += [on_heads(block, heads.append), on_residual(block, residual.append)]
     with torch.no_grad(), hooks(*pairs):
         logits = model(images.to(device_of(model)))
     return logits, torch.stack(heads), torch.stack(residual)
@@ -117,21 +113,18 @@ def patched_logits(
     which = which.to(corrupted.device)
     block = model.blocks[layer]
 
-    def replace_heads(module, args):
-        outputs = rearrange(args[0], "(c b) n (h d) -> c b n h d", c=copies, h=block.attn.heads)
+    def replace_heads(x):
+        outputs = rearrange(x, "(c b) n (h d) -> c b n h d", c=copies, h=block.attn.heads)
         new = rearrange(clean, "b n (h d) -> b n h d", h=block.attn.heads).to(outputs.dtype)
         outputs = torch.where(which[:, None, None, :, None], new, outputs)
-        return (rearrange(outputs, "c b n h d -> (c b) n (h d)"),)
+        return rearrange(outputs, "c b n h d -> (c b) n (h d)")
 
-    def replace_tokens(module, args, out):
+    def replace_tokens(out):
         outputs = out.view(copies, batch, *out.shape[1:])
         outputs = torch.where(which[:, None, :, None], clean.to(outputs.dtype), outputs)
         return outputs.flatten(0, 1)
 
-    if site == "heads":
-        pair = (block.attn.proj.register_forward_pre_hook, replace_heads)
-    else:
-        pair = (block.register_forward_hook, replace_tokens)
+    pair = on_heads(block, replace_heads) if site == "heads" else on_residual(block, replace_tokens)
     with torch.no_grad(), hooks(pair):
         logits = model(corrupted.repeat(copies, *[1] * (corrupted.ndim - 1)))
     return logits.float().view(copies, batch, -1)

@@ -1,4 +1,4 @@
-"""Which heads does a ViT use? Not where they look (`vit.attention_maps`) but what they do to the
+"""Which heads does a ViT use? Not where they look (`vit.interpret.maps`) but what they do to the
 prediction. Every analysis reads or replaces the heads at one hook point: the input of each block's
 attention output projection, `blocks[i].attn.proj`, where the heads' outputs stand concatenated as
 (batch, tokens, heads * d_head) (TransformerLens's `hook_z`).
@@ -34,26 +34,31 @@ attention output projection, `blocks[i].attn.proj`, where the heads' outputs sta
   over all heads between looking at the evidence and what removing the head costs, with a
   permutation p-value, a bootstrap interval over heads and one over images.
 
-Figures are means over images with a 95% bootstrap interval over images (`vit.faithfulness.interval`).
+Figures are means over images with a 95% bootstrap interval over images (`vit.interpret.stats.interval`).
 `analyse` runs it all; `vit-attention heads` prints and saves what it returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from einops import rearrange
 from torch import nn
 
-from vit.attention_maps import device_of, record_attention
 from vit.errors import require
-from vit.faithfulness import layers_heads_scores, patch_evidence
-from vit.layers import LayerScale
-from vit.model import ViT
-from vit.stats import (
+from vit.interpret.hooks import (
+    device_of,
+    hooks,
+    on_embeddings,
+    on_heads,
+    on_mlp,
+    on_residual,
+    record_attention,
+)
+from vit.interpret.patches import layers_heads_scores, patch_evidence
+from vit.interpret.stats import (
     PERMUTATIONS,
     SAMPLES,
     bootstrap,
@@ -62,6 +67,8 @@ from vit.stats import (
     spearman_over_images,
     spearman_test,
 )
+from vit.layers import LayerScale
+from vit.model import ViT
 
 # Darcet et al. call a token high-norm when its norm exceeds 150 in DINOv2 ViT-g, whose norms are
 # bimodal with the ordinary tokens far below. A ratio to the image's median patch-token norm
@@ -116,27 +123,16 @@ class Record:
     cls_attention: torch.Tensor  # (L, B, N): the first token's attention to each, mean over heads
 
 
-@contextmanager
-def hooks(*pairs: tuple[Callable, Callable]):
-    """Within the `with` block, each `register(hook)` of `pairs` is in place; removed afterwards."""
-    handles = [register(hook) for register, hook in pairs]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def record(model: ViT, images: torch.Tensor) -> Record:
     """One intact forward pass of `images` (on the model's device), everything the analyses read
     recorded in float32."""
     embeddings, heads, mlp, residual = [], [], [], []
-    pairs = [(model.blocks[0].register_forward_pre_hook, lambda module, args: embeddings.append(args[0]))]
+    pairs = [on_embeddings(model, embeddings.append)]
     for block in model.blocks:
         pairs += [
-            (block.attn.proj.register_forward_pre_hook, lambda module, args: heads.append(args[0])),
-            (block.ls2.register_forward_hook, lambda module, args, out: mlp.append(out)),
-            (block.register_forward_hook, lambda module, args, out: residual.append(out)),
+            on_heads(block, heads.append),
+            on_mlp(block, mlp.append),
+            on_residual(block, residual.append),
         ]
     layers = list(range(len(model.blocks)))
     with (
@@ -270,12 +266,12 @@ def ablated_logits(model: ViT, images: torch.Tensor, layer: int, replacements: t
     new = rearrange(replacements, "k n (h d) -> k n h d", h=heads)
     new = torch.cat([new[:1], new.repeat_interleave(heads, dim=0)])  # (copies, N, heads, d_head)
 
-    def replace(module, args):
-        outputs = rearrange(args[0], "(c b) n (h d) -> c b n h d", c=copies, h=heads)
+    def replace(x):
+        outputs = rearrange(x, "(c b) n (h d) -> c b n h d", c=copies, h=heads)
         outputs = torch.where(which[:, None, None, :, None], new[:, None].to(outputs.dtype), outputs)
-        return (rearrange(outputs, "c b n h d -> (c b) n (h d)"),)
+        return rearrange(outputs, "c b n h d -> (c b) n (h d)")
 
-    with torch.no_grad(), hooks((attn.proj.register_forward_pre_hook, replace)):
+    with torch.no_grad(), hooks(on_heads(model.blocks[layer], replace)):
         logits = model(images.repeat(copies, *[1] * (images.ndim - 1)))
     return logits.float().view(copies, batch, -1)
 
