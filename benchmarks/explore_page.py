@@ -67,7 +67,7 @@ def measure(browser, case, path: Path, queries: int) -> dict:
     """Write the page of `case`, open it, move the query `queries` times; sizes and times."""
     model, images, captions, names = case
     started = time.perf_counter()
-    explore(model, images, captions, names).save(path)
+    explore(model, images, captions=captions, class_names=names).save(path)
     written = time.perf_counter() - started
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     problems = []

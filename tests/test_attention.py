@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -289,22 +290,22 @@ def test_circle_patch_masks_follow_the_circles_round_the_edge():
 def test_every_method_works_with_several_prefix_tokens(options):
     """Maps cover the patches only (registers and other prefix tokens are never drawn as patches),
     for a non-square grid, whatever the prefix tokens."""
-    from vit.interpret.maps import explain
+    from vit.interpret.maps import MapSpec, explain
     from vit.model import ViT
 
     torch.manual_seed(0)
     model = ViT(num_classes=3, image_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2, **options).eval()
     images = torch.rand(2, 3, 16, 24)
-    methods = ["query", "rollout", "grad-rollout"] + (["cls"] if model.cls_token is not None else [])
-    for method in methods:
-        found = explain(model, images, method, query_patch=(1, 2) if method == "query" else None)
+    methods = ["query", "rollout", "grad-rollout", "input-gradient"]
+    for method in methods + (["cls"] if model.cls_token is not None else []):
+        found = explain(model, images, MapSpec(method, query_patch=(1, 2) if method == "query" else None))
         assert found.maps.shape == (2, 4, 6) and torch.isfinite(found.maps).all(), method
         assert found.logits.shape == (2, 3)
         if model.num_registers and method in ("cls", "query"):  # reported, not drawn
             assert f"of its attention in layer 1 to the {model.num_registers} register tokens" in found.note
     if model.cls_token is None:
         with pytest.raises(ValueError, match="no class token"):
-            explain(model, images, "cls")
+            explain(model, images, MapSpec("cls"))
 
 
 def test_a_distilled_model_pools_the_rows_of_both_tokens_its_heads_read():
@@ -317,3 +318,74 @@ def test_a_distilled_model_pools_the_rows_of_both_tokens_its_heads_read():
     relevance = torch.rand(2, model.num_prefix_tokens + 16, model.num_prefix_tokens + 16)
     expected = to_patch_grid(model, (relevance[:, 0] + relevance[:, 1]) / 2)
     torch.testing.assert_close(pooled_maps(model, relevance), expected)
+
+
+def test_a_map_spec_is_checked_once_when_made_and_against_a_model():
+    """Every option of a map is checked where the spec is made (no model needed), and what needs a
+    model by `check`; a spec is frozen, so a checked spec stays checked."""
+    import dataclasses
+
+    from vit.interpret.maps import MAP_METHODS, MapSpec
+    from vit.model import ViT
+
+    bad = {
+        "unknown method 'gradcam'; choose one of " + ", ".join(MAP_METHODS): dict(method="gradcam"),
+        "--method query needs --query_patch": dict(method="query"),
+        "--method query needs --query_patch ROW,COLUMN, and only it takes one": dict(query_patch=(1, 1)),
+        "--head does not apply to --method rollout": dict(method="rollout", head=0),
+        "--layer does not apply to --method grad-rollout": dict(method="grad-rollout", layer=0),
+        "--layer does not apply to --method input-gradient": dict(method="input-gradient", layer=0),
+        "unknown head_fusion 'median'": dict(method="rollout", head_fusion="median"),
+        "discard_ratio=1.0 must lie in [0, 1)": dict(method="rollout", discard_ratio=1.0),
+    }
+    for message, options in bad.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            MapSpec(**options)
+    spec = MapSpec("query", query_patch=[1, 2])
+    assert spec.query_patch == (1, 2)  # a list from a config becomes a tuple: hashable, comparable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.layer = 5
+    model = ViT(num_classes=3, image_size=16, patch_size=4, dim=16, depth=2, heads=2).eval()
+    assert MapSpec("query", layer=-1, head=1, query_patch=(3, 3), target=2).check(model).layer == -1
+    against_model = {
+        "layer=2 is out of range for a model with 2 layers": MapSpec(layer=2),
+        "head=-3 is out of range for a model with 2 heads": MapSpec(head=-3),
+        "patch (4, 0) is outside the 4x4 patch grid": MapSpec("query", query_patch=(4, 0)),
+        "target=3 is not a class of this model (0 to 2)": MapSpec("grad-rollout", target=3),
+    }
+    for message, spec in against_model.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            spec.check(model)
+    pooled = ViT(
+        num_classes=3, image_size=16, patch_size=4, dim=16, depth=2, heads=2, class_token=False, pool="mean"
+    )
+    with pytest.raises(ValueError, match="no class token: use another method"):
+        MapSpec("cls").check(pooled)
+
+
+@pytest.mark.parametrize("method", ["cls", "query", "rollout", "grad-rollout", "input-gradient"])
+def test_every_registered_method_draws_the_map_it_scores(method):
+    """One road: `explain` (what vit-attention draws) and `method_maps` (what vit-attention score
+    scores) give the same map for every method of the registry, batch by batch or at once."""
+    from vit.interpret.maps import MAP_METHODS, MapSpec, explain, method_maps
+    from vit.model import ViT
+
+    assert method in MAP_METHODS
+    torch.manual_seed(0)
+    model = ViT(num_classes=3, image_size=(16, 24), patch_size=4, dim=32, depth=3, heads=2).eval()
+    images = torch.rand(5, 3, 16, 24)
+    options = {
+        "query": dict(query_patch=(1, 2), layer=1, head=0),
+        "rollout": dict(layer=1, head_fusion="max", discard_ratio=0.5),
+        "grad-rollout": dict(target=2),
+        "input-gradient": dict(target=2),
+    }.get(method, {})
+    spec = MapSpec(method, **options)
+    drawn = explain(model, images, spec, batch_size=2)
+    scored = method_maps(model, images, spec, batch_size=5)
+    assert drawn.maps.shape == scored.shape == (5, 4, 6)
+    torch.testing.assert_close(drawn.maps, scored)
+    assert drawn.name == method.replace("-", "_") or method == "query"
+    if method in ("grad-rollout", "input-gradient"):  # the class they explain changes the map
+        other = MapSpec(method, target=0)
+        assert not torch.allclose(method_maps(model, images, other), scored)

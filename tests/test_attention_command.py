@@ -47,6 +47,7 @@ def per_image(name: str, indices: list[int]) -> set[str]:
         ),
         (["--method", "rollout", "--discard_ratio", "0.5", "--head_fusion", "max"], {"rollout.png"}),
         (["--method", "grad-rollout", "--target", "2"], {"grad_rollout.png"}),
+        (["--method", "input-gradient"], {"input_gradient.png"}),
         (
             ["--method", "rollout", "--plots"],
             {
@@ -93,7 +94,7 @@ def test_images_from_files_and_folders_of_any_size(trained_checkpoint, tmp_path)
     [
         (
             ["--method", "gradcam"],
-            "unknown method 'gradcam'; choose one of cls, query, rollout, grad-rollout",
+            "unknown method 'gradcam'; choose one of cls, query, rollout, grad-rollout, input-gradient",
         ),
         (["--layer", "2"], "layer=2 is out of range for a model with 2 layers"),
         (["--head", "-3"], "head=-3 is out of range for a model with 2 heads"),

@@ -18,11 +18,11 @@ from vit.interpret.faithfulness import (
     METHODS,
     area,
     headline,
-    method_maps,
     perturbation_curves,
     randomisation_steps,
     removal_counts,
     removal_order,
+    scored_maps,
 )
 from vit.interpret.patches import evidence_scores, patch_evidence
 from vit.interpret.stats import interval, spearman
@@ -98,11 +98,11 @@ def test_rollout_ignores_the_target_and_gradient_rollout_does_not(trained):
     zeros, ones = torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long)
     for method in ("rollout", "cls"):
         torch.testing.assert_close(
-            method_maps(model, images, method, zeros), method_maps(model, images, method, ones)
+            scored_maps(model, images, method, zeros), scored_maps(model, images, method, ones)
         )
     for method in ("grad-rollout", "input-gradient"):
         assert not torch.allclose(
-            method_maps(model, images, method, zeros), method_maps(model, images, method, ones)
+            scored_maps(model, images, method, zeros), scored_maps(model, images, method, ones)
         )
 
 
@@ -112,11 +112,11 @@ def test_randomising_every_block_changes_the_input_gradient_map(trained):
     images = data.split("test")[:32][0]
     predicted = model(images).argmax(-1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trained_maps = method_maps(model, images, "input-gradient", predicted)
+    trained_maps = scored_maps(model, images, "input-gradient", predicted)
     assert spearman(trained_maps, trained_maps).mean().item() == pytest.approx(1.0)
     *_, (step, randomised) = randomisation_steps(model)
     assert step == f"head + blocks 0-{len(model.blocks) - 1}"
-    randomised_maps = method_maps(randomised, images, "input-gradient", predicted)
+    randomised_maps = scored_maps(randomised, images, "input-gradient", predicted)
     assert spearman(trained_maps, randomised_maps).mean().item() < 0.5
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # copies were randomised
 

@@ -22,7 +22,7 @@ import vit
 from vit.commands.attention import main
 from vit.datamodules import spread_test_images
 from vit.errors import UsageError
-from vit.interpret.maps import attention_rollout, attention_weights, gradient_rollout, pooled_maps
+from vit.interpret.maps import MapSpec, attention_rollout, attention_weights, gradient_rollout, pooled_maps
 from vit.interpret.page import Explorer, explore, quantise
 from vit.model import ViT
 
@@ -120,7 +120,11 @@ def test_bad_input_to_explore(trained):
     with pytest.raises(UsageError, match="1 captions for 2 images"):
         explore(model, images, captions=["only one"])
     with pytest.raises(UsageError, match="unknown method 'gradcam'"):
-        explore(model, images, method="gradcam")
+        explore(model, images, MapSpec("gradcam"))
+    with pytest.raises(
+        UsageError, match="the page shows the methods cls, query, rollout, grad-rollout, not input"
+    ):
+        explore(model, images, MapSpec("input-gradient"))
 
 
 def test_the_command_writes_one_page(trained_checkpoint, tmp_path, capsys):
@@ -405,8 +409,10 @@ def test_the_heads_grid_is_shown_when_given_and_a_click_opens_a_head(browser, tr
     values = [[-0.1 * (layer + h) for h in range(heads)] for layer in range(layers)]
     intervals = [[[v - 0.02, v + 0.01] for v in row] for row in values]
     effects = {"title": "mean ablation", "values": values, "intervals": intervals}
-    plain = explore(model, images, method="rollout").save(tmp_path / "plain.html")
-    with_heads = explore(model, images, method="rollout", head_effects=effects).save(tmp_path / "heads.html")
+    plain = explore(model, images, MapSpec("rollout")).save(tmp_path / "plain.html")
+    with_heads = explore(model, images, MapSpec("rollout"), head_effects=effects).save(
+        tmp_path / "heads.html"
+    )
     with opened(browser, plain) as page:
         assert page.locator("#heads").is_hidden()
     with opened(browser, with_heads) as page:

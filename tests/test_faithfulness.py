@@ -15,14 +15,13 @@ from vit.interpret.faithfulness import (
     chunked_maps,
     default_methods,
     evidence_mass,
-    input_gradient,
-    method_maps,
     randomisation_steps,
     removal_counts,
     removal_order,
     score,
+    scored_maps,
 )
-from vit.interpret.maps import attention_rollout, attention_weights, pooled_maps
+from vit.interpret.maps import attention_rollout, attention_weights, input_gradient, pooled_maps
 from vit.interpret.patches import evidence_scores, layers_heads_scores, perturbed
 
 
@@ -65,21 +64,24 @@ def test_the_class_token_map_is_the_last_blocks_and_rollout_reads_every_block():
     weights = attention_weights(model, images)  # (L, B, H, T, T)
     prefix = model.num_prefix_tokens
     torch.testing.assert_close(
-        method_maps(model, images, "cls", targets), weights[-1][:, :, 0, prefix:].mean(1)
+        scored_maps(model, images, "cls", targets), weights[-1][:, :, 0, prefix:].mean(1)
     )
     rollout = attention_rollout(weights, num_prefix_tokens=prefix)
     expected = pooled_maps(model, rollout).flatten(1)
-    torch.testing.assert_close(method_maps(model, images, "rollout", targets), expected)
+    torch.testing.assert_close(scored_maps(model, images, "rollout", targets), expected)
 
 
 def test_a_method_the_model_cannot_give_is_one_exact_line():
     mean_pooled = model_of(pool="mean", class_token=False)
     x, t = torch.rand(1, 3, 8, 12), torch.tensor([0])
-    with pytest.raises(ValueError, match="^this model has no class token: leave out the method cls$"):
-        method_maps(mean_pooled, x, "cls", t)
+    others = re.escape("query, rollout, grad-rollout, input-gradient")
+    with pytest.raises(
+        ValueError, match=f"^this model has no class token: use another method \\({others}\\)$"
+    ):
+        scored_maps(mean_pooled, x, "cls", t)
+    with pytest.raises(ValueError, match="^unknown method 'nope'; choose one of cls, query, rollout, "):
+        scored_maps(mean_pooled, x, "nope", t)
     choices = re.escape(", ".join(METHODS))
-    with pytest.raises(ValueError, match=f"^unknown method 'nope'; choose from {choices}$"):
-        method_maps(mean_pooled, x, "nope", t)
     with pytest.raises(ValueError, match=f"^unknown method 'a'; choose from {choices}$"):
         score(mean_pooled, x, methods=["a", "b"])
     with pytest.raises(ValueError, match="^the method evidence needs data that knows its evidence$"):
@@ -233,6 +235,6 @@ def test_maps_in_chunks_read_each_chunks_own_targets():
     model = model_of()
     images, targets = torch.rand(5, 3, 8, 12), torch.tensor([0, 1, 2, 0, 1])
     for method in ("input-gradient", "grad-rollout"):
-        whole = method_maps(model, images, method, targets)
+        whole = scored_maps(model, images, method, targets)
         chunked = chunked_maps(model, images, method, targets, batch_size=2)
         torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-5, msg=method)  # batches round apart

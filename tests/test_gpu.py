@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from vit import ViT
 from vit.commands import eval as eval_command
 from vit.commands import score as score_command
-from vit.interpret.maps import METHODS, explain
+from vit.interpret.maps import MAP_METHODS, MapSpec, explain
 
 pytestmark = [
     pytest.mark.gpu,
@@ -91,15 +91,16 @@ def test_vit_eval_on_the_gpu_gives_the_cpus_figures(trained_checkpoint, tmp_path
     assert figures["cuda"]["ece"] == pytest.approx(figures["cpu"]["ece"], abs=1e-4)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(MAP_METHODS))
 def test_every_attention_map_on_the_gpu_equals_the_cpus(trained, method):
     model, data = trained
     images = data.splits["test"].images[:8]
     query = (1, 2) if method == "query" else None
-    cpu = explain(model.model, images, method=method, query_patch=query)
+    spec = MapSpec(method, query_patch=query)
+    cpu = explain(model.model, images, spec)
     gpu_model = model.model.cuda()
     try:
-        gpu = explain(gpu_model, images.cuda(), method=method, query_patch=query)
+        gpu = explain(gpu_model, images.cuda(), spec)
     finally:
         model.model.cpu()
     torch.testing.assert_close(gpu.maps.cpu(), cpu.maps, atol=1e-4, rtol=1e-3)

@@ -14,6 +14,7 @@ run cls vit-attention "${common[@]}" --num_images 4 --out "$out/cls" --plots
 run query vit-attention "${common[@]}" --num_images 4 --method query --query_patch 2,3 --out "$out/query"
 run rollout vit-attention "${common[@]}" --num_images 4 --method rollout --head_fusion max --discard_ratio 0.5 --out "$out/rollout"
 run grad-rollout vit-attention "${common[@]}" --num_images 4 --method grad-rollout --target 1 --out "$out/grad-rollout"
+run input-gradient vit-attention "${common[@]}" --num_images 4 --method input-gradient --out "$out/input-gradient"
 run score vit-attention score "${common[@]}" --num_images 16 --out "$out/score"
 run heads vit-attention heads "${common[@]}" --num_images 16 --out "$out/heads"
 run patch vit-attention patch "${common[@]}" --num_images 16 --out "$out/patch"

@@ -50,30 +50,6 @@ if TYPE_CHECKING:
 HEAD_FUSION_NAMES = ("mean", "max", "min")
 
 
-def check_options(
-    method: str,
-    layer: int | None = None,
-    head: int | None = None,
-    query_patch: tuple[int, int] | None = None,
-    head_fusion: str = "mean",
-    discard_ratio: float = 0.0,
-) -> None:
-    """The options of `explain`, checked before any model is loaded, in the words of the flags."""
-    from vit.interpret.maps import METHODS, check_head_fusion
-
-    if method not in METHODS:
-        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if (method == "query") != (query_patch is not None):
-        raise UsageError("--method query needs --query_patch ROW,COLUMN, and only it takes one")
-    if head is not None and method not in ("cls", "query"):
-        raise UsageError(f"--head does not apply to --method {method}: rollout combines all heads")
-    if layer is not None and method == "grad-rollout":
-        raise UsageError("--layer does not apply to --method grad-rollout: it uses every layer")
-    check_head_fusion(head_fusion)
-    if not 0.0 <= discard_ratio < 1.0:
-        raise UsageError(f"discard_ratio={discard_ratio} must lie in [0, 1)")
-
-
 def file_tag(stem: str) -> str:
     """An image file's stem as a safe part of a file name: letters, digits, '.', '-', '_' kept,
     anything else '_', at most 40 characters."""
@@ -127,7 +103,7 @@ def attention(
 
     from vit.checkpoint import check_source
     from vit.interpret.figures import batch_figure, layers_heads_figure
-    from vit.interpret.maps import explain
+    from vit.interpret.maps import MapSpec, explain
     from vit.plot import save_all
 
     started = time.perf_counter()
@@ -135,7 +111,7 @@ def attention(
         query_patch = patch(query_patch)
     check_source(ckpt, model, weights, datamodule_class)
     check_images(model, images, data)
-    check_options(method, layer, head, query_patch, head_fusion, discard_ratio)
+    spec = MapSpec(method, layer, head, query_patch, head_fusion, discard_ratio, target)  # checked
     check_out_folder(out)
     page = None if html is None else page_path(html, out, plots, target)
     if scores is not None:
@@ -158,14 +134,10 @@ def attention(
     if page is not None:
         if labels is not None:
             captions = [f"{c}, true {names[y]}" for c, y in zip(captions, labels.tolist(), strict=True)]
-        options = dict(method=method, query_patch=query_patch, layer=layer, head=head)
-        rollout = dict(head_fusion=head_fusion, discard_ratio=discard_ratio)
-        options.update(scores=scores, head_effects=heads)
-        return [write_page(page, model, batch, captions, names, options, rollout, batch_size, started)]
+        options = dict(scores=scores, head_effects=heads, batch_size=batch_size)
+        return [write_page(page, model, batch, spec, captions, names, options, started)]
 
-    found = explain(
-        model, batch, method, layer, head, query_patch, head_fusion, discard_ratio, target, batch_size, names
-    )
+    found = explain(model, batch, spec, batch_size, names)
     if found.note:
         print(f"note: {found.note}")
     for i, p in enumerate(found.logits.argmax(-1).tolist()):
@@ -255,13 +227,11 @@ def read_heads(path: str | Path, page: Path | None) -> dict:
     return {"title": title, "values": values, "intervals": intervals}
 
 
-def write_page(
-    path: Path, model: ViT, batch, captions, names, options: dict, rollout: dict, batch_size: int, started
-) -> Path:
+def write_page(path: Path, model: ViT, batch, spec, captions, names, options: dict, started) -> Path:
     """The page of `vit.explore` for `batch`, written to `path`."""
     from vit.interpret.page import explore
 
-    found = explore(model, batch, captions, names, **options, **rollout, batch_size=batch_size)
+    found = explore(model, batch, spec, captions, names, **options)
     path = found.save(path)
     seconds, size = time.perf_counter() - started, path.stat().st_size / 1e6
     images = f"{len(batch)} image{'s' * (len(batch) != 1)}"
@@ -339,8 +309,8 @@ def parser() -> Parser:
     add(
         "--method",
         default="cls",
-        help="cls (class token), query (one patch), rollout (Abnar & "
-        "Zuidema) or grad-rollout (class-specific, Chefer et al.)",
+        help="cls (class token), query (one patch), rollout (Abnar & Zuidema), grad-rollout "
+        "(class-specific, Chefer et al.) or input-gradient (gradient times input, per patch)",
     )
     add(
         "--layer",
@@ -368,7 +338,12 @@ def parser() -> Parser:
         metavar="R",
         help="rollout drops this share of each row's lowest weights to patches",
     )
-    add("--target", type=int, default=None, help="class that grad-rollout explains; default the predicted")
+    add(
+        "--target",
+        type=int,
+        default=None,
+        help="class that grad-rollout and input-gradient explain; default the predicted",
+    )
     add(
         "--plots",
         action="store_true",

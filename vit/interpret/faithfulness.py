@@ -28,31 +28,21 @@ import sys
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vit.errors import UsageError
-from vit.interpret.hooks import device_of, model_outputs
-from vit.interpret.maps import (
-    attention_rollout,
-    attention_weights,
-    cls_attention_maps,
-    gradient_rollout,
-    pooled_maps,
-)
+from vit.interpret.hooks import model_outputs
+from vit.interpret.maps import MAP_METHODS, MapSpec, method_maps
 from vit.interpret.patches import evidence_scores, layers_heads_scores, patch_evidence, perturbed
 from vit.interpret.stats import as_text, bootstrap, interval, lh_interval, spearman
 from vit.model import ViT
 
+MODEL_METHODS = tuple(name for name, method in MAP_METHODS.items() if method.scored)  # read the model
 METHODS = {  # name (as vit-attention --method names the same map) -> what its map is
-    "cls": "class-token attention of the last layer, mean of heads",
-    "rollout": "attention rollout (Abnar & Zuidema 2020), mean of heads, rows the head reads",
-    "grad-rollout": "gradient-weighted rollout (Chefer et al. 2021) for the predicted class",
-    "input-gradient": "gradient times input, summed over channels and over each patch's pixels",
+    **{name: MAP_METHODS[name].scored for name in MODEL_METHODS},
     "random": "uniform random values (chance)",
     "evidence": "the evidence itself (the best possible)",
 }
-MODEL_METHODS = ("cls", "rollout", "grad-rollout", "input-gradient")  # read the model
 OLD_NAMES = {"attention": "cls"}  # what earlier versions called a method: still read, with a note
 
 
@@ -87,36 +77,10 @@ PROTOCOL = {
 # ------------------------------------------------------------------------------ the maps, per patch
 
 
-def input_gradient(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, grid: tuple[int, int]):
-    """Gradient of the target logit times the input, summed over channels and each patch's pixels:
-    (B, patches)."""
-    device = device_of(model)
-    images = images.to(device).requires_grad_(True)
-    with torch.enable_grad():
-        logits = model(images)
-        (grad,) = torch.autograd.grad(logits.gather(1, targets.to(device)[:, None]).sum(), images)
-    saliency = (grad * images).detach().sum(dim=1, keepdim=True)  # (B, 1, H, W)
-    pixels_per_patch = saliency[0, 0].numel() / (grid[0] * grid[1])
-    return (F.adaptive_avg_pool2d(saliency, grid).flatten(1) * pixels_per_patch).cpu()
-
-
-def method_maps(model: ViT, images: torch.Tensor, method: str, targets: torch.Tensor) -> torch.Tensor:
-    """The map of `method` (one of MODEL_METHODS) for each image and its target class: (B, patches).
-    Rollout and class-token attention do not read the target."""
-    if method == "cls":
-        if model.cls_token is None:
-            raise UsageError("this model has no class token: leave out the method cls")
-        weights = attention_weights(model, images, layers=-1, batch_size=len(images))
-        return cls_attention_maps(model, weights[0]).mean(dim=1).flatten(1)
-    if method == "rollout":
-        rollout = attention_rollout(attention_weights(model, images, batch_size=len(images)),
-                                    num_prefix_tokens=model.num_prefix_tokens)  # fmt: skip
-        return pooled_maps(model, rollout).flatten(1)
-    if method == "grad-rollout":
-        return pooled_maps(model, gradient_rollout(model, images, targets, batch_size=len(images))).flatten(1)
-    if method == "input-gradient":
-        return input_gradient(model, images, targets, model.grid_size)
-    raise UsageError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+def scored_maps(model: ViT, images: torch.Tensor, method: str, targets: torch.Tensor) -> torch.Tensor:
+    """The map of `method` (one of MODEL_METHODS, as `MapSpec(method)` gives it: the last layer, every
+    head, every layer rolled out) for each image and its target class: (B, patches)."""
+    return method_maps(model, images, MapSpec(method), targets, batch_size=len(images)).flatten(1)
 
 
 # --------------------------------------------------------------------------------- perturbation
@@ -273,7 +237,7 @@ def score(
             elif method == "evidence":
                 maps = found.float()
             else:
-                maps = method_maps(model, x, method, predicted)
+                maps = scored_maps(model, x, method, predicted)
                 trained_maps[method].append(maps)
             for curve, order in (("deletion", maps), ("insertion", -maps)):
                 probability, correct = perturbation_curves(
@@ -312,9 +276,9 @@ def score(
 
 
 def chunked_maps(model: ViT, images, method: str, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """`method_maps` of all `images`, `batch_size` at a time: (N, patches)."""
+    """`scored_maps` of all `images`, `batch_size` at a time: (N, patches)."""
     return torch.cat([
-        method_maps(model, images[i : i + batch_size], method, targets[i : i + batch_size])
+        scored_maps(model, images[i : i + batch_size], method, targets[i : i + batch_size])
         for i in range(0, len(images), batch_size)
     ])  # fmt: skip
 
@@ -345,7 +309,7 @@ def evidence_mass(model: ViT, images: torch.Tensor, evidence: torch.Tensor, meth
     (B, patches): what `vit.callbacks.EvidenceMass` logs while training."""
     predicted = model_outputs(model, images, len(images)).argmax(-1)
     return {
-        method: evidence_scores(method_maps(model, images, method, predicted), evidence)[
+        method: evidence_scores(scored_maps(model, images, method, predicted), evidence)[
             "relevance_mass"
         ].nanmean()
         for method in methods

@@ -10,9 +10,11 @@
   Interpreting Bi-Modal and Encoder-Decoder Transformers" (gradient-weighted attention, R += A R).
 - `mean_attention_distance`, `pos_embed_similarity`, `embedding_filter_components`: the three
   panels of Figure 7 of the ViT paper (Dosovitskiy et al. 2021).
-- `explain`: any of the methods (class token, one patch, rollout, gradient rollout) for a batch
-  of images: the maps to draw, their titles and the predictions. vit-attention draws what it
-  returns.
+- `MAP_METHODS`: every map method (class token, one patch, rollout, gradient rollout, input
+  gradient), once; `MapSpec`: one map, checked (the options of vit-attention); `method_maps`: the
+  maps of a spec; `explain`: those maps with their titles and the predictions, and for cls and
+  query every layer's and head's. vit-attention draws what `explain` returns, `vit-attention
+  score` scores what `method_maps` gives.
 
 The number of prefix tokens and the patch grid are read from the model, so non-square images
 and other token layouts work.
@@ -20,15 +22,16 @@ and other token layouts work.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from torch import nn
 
 from vit.errors import UsageError
-from vit.interpret.hooks import device_of, record_attention
+from vit.interpret.hooks import device_of, explicit_attention, model_outputs, record_attention
 from vit.model import ViT
 
 # How `attention_rollout` fuses the heads of one layer.
@@ -330,22 +333,159 @@ def attention_share(
     return per_image[:, used].mean(dim=1), chance
 
 
-# ---------------------------------------------------------------- one entry point for every method
+# ------------------------------------------------------------------ input gradient (not attention)
 
-METHODS = {  # method -> what its maps show, for titles
-    "cls": "class-token attention",
-    "query": "attention of patch {patch}",
-    "rollout": "attention rollout ({fusion} of heads, discard {discard})",
-    "grad-rollout": "gradient-weighted rollout for the {target} class",
-}
+
+def input_gradient(model: nn.Module, images: torch.Tensor, targets: torch.Tensor, grid: tuple[int, int]):
+    """Gradient of the target logit times the input, summed over channels and each patch's pixels:
+    (B, patches)."""
+    device = device_of(model)
+    images = images.to(device).requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(images)
+        (grad,) = torch.autograd.grad(logits.gather(1, targets.to(device)[:, None]).sum(), images)
+    saliency = (grad * images).detach().sum(dim=1, keepdim=True)  # (B, 1, H, W)
+    pixels_per_patch = saliency[0, 0].numel() / (grid[0] * grid[1])
+    return (F.adaptive_avg_pool2d(saliency, grid).flatten(1) * pixels_per_patch).cpu()
+
+
+# ------------------------------------------------------------- one registry, one spec, one entry point
+
+
+def _attention_maps(model: ViT, images, spec: MapSpec, targets, batch_size: int) -> torch.Tensor:
+    """cls and query: the row of the class token (of the query patch) in the last chosen layer, mean
+    of the chosen heads."""
+    weights = attention_weights(model, images, select_layers(model, spec.layer)[-1:], spec.head, batch_size)
+    if spec.method == "query":
+        return query_attention_maps(model, weights[0], spec.query_patch).mean(dim=1)
+    return cls_attention_maps(model, weights[0]).mean(dim=1)
+
+
+def _rollout_maps(model: ViT, images, spec: MapSpec, targets, batch_size: int) -> torch.Tensor:
+    layers = list(range(select_layers(model, spec.layer)[-1] + 1))
+    weights = attention_weights(model, images, layers, batch_size=batch_size)
+    rollout = attention_rollout(weights, spec.head_fusion, spec.discard_ratio, model.num_prefix_tokens)
+    return pooled_maps(model, rollout)
+
+
+def _grad_rollout_maps(model: ViT, images, spec: MapSpec, targets, batch_size: int) -> torch.Tensor:
+    return pooled_maps(model, gradient_rollout(model, images, targets, batch_size))
+
+
+def _input_gradient_maps(model: ViT, images, spec: MapSpec, targets, batch_size: int) -> torch.Tensor:
+    pairs = zip(images.split(batch_size), targets.split(batch_size), strict=True)
+    maps = [input_gradient(model, x, t, model.grid_size) for x, t in pairs]
+    return torch.cat(maps).unflatten(-1, model.grid_size)
+
+
+@dataclass(frozen=True)
+class MapMethod:
+    """One way to say where a ViT looks at an image: a map over its patches."""
+
+    title: str  # what its maps show, for titles ({patch}, {fusion}, {discard}, {target} filled in)
+    scored: str | None  # what `vit-attention score` calls its map (None: not scored)
+    layer: bool  # takes a layer: the one drawn, or the last one a rollout goes through
+    head: bool  # takes a head
+    maps: Callable  # (model, images, spec, targets, batch_size) -> (B, grid_h, grid_w)
+
+
+MAP_METHODS = {
+    "cls": MapMethod(
+        "class-token attention", "class-token attention of the last layer, mean of heads",
+        layer=True, head=True, maps=_attention_maps,
+    ),
+    "query": MapMethod("attention of patch {patch}", None, layer=True, head=True, maps=_attention_maps),
+    "rollout": MapMethod(
+        "attention rollout ({fusion} of heads, discard {discard})",
+        "attention rollout (Abnar & Zuidema 2020), mean of heads, rows the head reads",
+        layer=True, head=False, maps=_rollout_maps,
+    ),
+    "grad-rollout": MapMethod(
+        "gradient-weighted rollout for the {target} class",
+        "gradient-weighted rollout (Chefer et al. 2021) for the predicted class",
+        layer=False, head=False, maps=_grad_rollout_maps,
+    ),
+    "input-gradient": MapMethod(
+        "gradient times input for the {target} class",
+        "gradient times input, summed over channels and over each patch's pixels",
+        layer=False, head=False, maps=_input_gradient_maps,
+    ),
+}  # fmt: skip
 POOLED = {"cls": "class-token", "mean": "mean-pooled-token"}  # what the head reads, for titles
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """Which map: a method of `MAP_METHODS` and its choices (the options of `vit-attention`).
+    Made, it is checked for what needs no model; `check(model)` checks it against a model.
+
+    - layer, head: one of each (counted from 0, negative from the last) or None for all (cls and
+      query: the map drawn is the last chosen layer's mean over the chosen heads); rollout goes
+      through the layers up to `layer`;
+    - query_patch: (row, column) of the patch whose attention `query` maps;
+    - head_fusion, discard_ratio: how rollout fuses a layer's heads, and the share of each row's
+      lowest weights to patches it drops;
+    - target: the class grad-rollout and input-gradient explain (None: the predicted one).
+    """
+
+    method: str = "cls"
+    layer: int | None = None
+    head: int | None = None
+    query_patch: tuple[int, int] | None = None
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    target: int | None = None
+
+    def __post_init__(self):
+        if self.method not in MAP_METHODS:
+            raise UsageError(f"unknown method {self.method!r}; choose one of {', '.join(MAP_METHODS)}")
+        if (self.method == "query") != (self.query_patch is not None):
+            raise UsageError("--method query needs --query_patch ROW,COLUMN, and only it takes one")
+        if self.head is not None and not MAP_METHODS[self.method].head:
+            raise UsageError(f"--head does not apply to --method {self.method}: it combines all heads")
+        if self.layer is not None and not MAP_METHODS[self.method].layer:
+            raise UsageError(f"--layer does not apply to --method {self.method}: it uses every layer")
+        check_head_fusion(self.head_fusion)
+        if not 0.0 <= self.discard_ratio < 1.0:
+            raise UsageError(f"discard_ratio={self.discard_ratio} must lie in [0, 1)")
+        if self.query_patch is not None:
+            object.__setattr__(self, "query_patch", tuple(self.query_patch))
+
+    def check(self, model: ViT) -> MapSpec:
+        """This spec, if `model` has what it names (a class token, the layer, head, patch, class)."""
+        if self.method == "cls" and model.cls_token is None:
+            others = ", ".join(m for m in MAP_METHODS if m != "cls")
+            raise UsageError(f"this model has no class token: use another method ({others})")
+        select_layers(model, self.layer), select_heads(model, self.head)  # raise if out of range
+        if self.query_patch is not None:
+            patch_token(model, self.query_patch)  # raises if outside the grid
+        num_classes = getattr(model.head, "out_features", 0)  # 0: a model without a head
+        if self.target is not None and not 0 <= self.target < num_classes:
+            raise UsageError(f"target={self.target} is not a class of this model (0 to {num_classes - 1})")
+        return self
+
+
+def method_maps(
+    model: ViT, images: torch.Tensor, spec: MapSpec, targets: torch.Tensor | None = None, batch_size: int = 64
+) -> torch.Tensor:
+    """The map of `spec` for each of `images` (B, C, H, W): (B, grid_h, grid_w). `targets` (B,): the
+    class each image's map explains where the method reads one (grad-rollout, input-gradient);
+    None: `spec.target`, else the predicted class."""
+    spec.check(model)
+    if targets is None:
+        if spec.target is not None:
+            targets = torch.full((len(images),), spec.target)
+        else:
+            with explicit_attention(model, []):  # eval mode (no dropout), put back afterwards
+                targets = model_outputs(model, images, batch_size).argmax(-1)
+    return MAP_METHODS[spec.method].maps(model, images, spec, targets, batch_size)
 
 
 @dataclass
 class Explanation:
     """What `explain` computed for a batch of images."""
 
-    name: str  # a file stem for the method: cls, query_1_2, rollout, grad_rollout
+    name: str  # a file stem for the method: cls, query_1_2, rollout, grad_rollout, input_gradient
     maps: torch.Tensor  # (B, grid_h, grid_w): one map per image, the one to draw over it
     title: str  # what `maps` shows
     logits: torch.Tensor  # (B, classes)
@@ -376,75 +516,52 @@ def register_share(
 def explain(
     model: ViT,
     images: torch.Tensor,
-    method: str = "cls",
-    layer: int | None = None,
-    head: int | None = None,
-    query_patch: tuple[int, int] | None = None,
-    head_fusion: str = "mean",
-    discard_ratio: float = 0.0,
-    target: int | None = None,
+    spec: MapSpec = MapSpec(),
     batch_size: int = 64,
     class_names: Sequence[str] | None = None,
 ) -> Explanation:
-    """Where `model` looks in `images` (B, C, H, W), by one method:
-
-    - "cls": the class token's attention, per layer and head (`layer`, `head`: one, or all); the
-      map to draw is the mean over the chosen heads of the last chosen layer;
-    - "query": the same for the patch at `query_patch` (row, column);
-    - "rollout": attention rollout through the layers up to `layer` (default all), heads fused by
-      `head_fusion`, each row's lowest `discard_ratio` of patch weights dropped;
-    - "grad-rollout": the gradient-weighted rollout for class `target` (default: the predicted).
-
-    Rollouts follow the tokens the head reads (`pooled_maps`). Returns the maps with their titles
-    and the logits of the same forward pass.
-    """
-    if method not in METHODS:
-        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if (method == "query") != (query_patch is not None):
-        raise UsageError("method 'query' needs a query_patch (row, column), and only it takes one")
-    check_head_fusion(head_fusion)
-    if method == "cls" and model.cls_token is None:
-        raise UsageError("this model has no class token: use --method rollout, grad-rollout or query")
-    layers, heads = select_layers(model, layer), select_heads(model, head)
-    if query_patch is not None:
-        patch_token(model, query_patch)  # raises if outside the grid
-    num_classes = getattr(model.head, "out_features", 0)  # 0: a model without a head
-    if target is not None and not 0 <= target < num_classes:
-        raise UsageError(f"target={target} is not a class of this model (0 to {num_classes - 1})")
+    """Where `model` looks in `images` (B, C, H, W), by the map `spec` names (`MapSpec`), with
+    titles and the logits. For cls and query also the map of every chosen layer and head, from
+    the forward pass that gives the logits; rollouts follow the tokens the head reads
+    (`pooled_maps`)."""
+    spec.check(model)
+    layers, heads = select_layers(model, spec.layer), select_heads(model, spec.head)
+    num_classes = getattr(model.head, "out_features", 0)
     names = list(class_names or [str(i) for i in range(num_classes)])
+    name, method = spec.method.replace("-", "_"), MAP_METHODS[spec.method]
+    if spec.method not in ("cls", "query"):
+        with explicit_attention(model, []):  # eval mode, as the attention's forward pass below
+            logits = model_outputs(model, images, batch_size)
+        targets = logits.argmax(-1) if spec.target is None else torch.full((len(images),), spec.target)
+        what = method.title.format(
+            fusion=spec.head_fusion,
+            discard=spec.discard_ratio,
+            target="predicted" if spec.target is None else names[spec.target],
+        )
+        title = f"{POOLED[model.pool]} {what}" if spec.method != "input-gradient" else what
+        if spec.method == "rollout":
+            title += f", layers 0 to {layers[-1]}"
+        maps = method.maps(model, images, spec, targets, batch_size)
+        return Explanation(name, maps, title, logits, layers, heads, what=what)
 
-    # the forward pass that gives the weights gives the predictions too (grad-rollout needs its
-    # own pass with gradients: one layer here is enough)
-    chosen = {"rollout": list(range(layers[-1] + 1)), "grad-rollout": layers[-1:]}.get(method, layers)
-    weights, logits = attention_weights(model, images, chosen, heads, batch_size, return_logits=True)
-    name = method.replace("-", "_")
-    if method in ("cls", "query"):  # weights: (L, B, H, T, T)
-        note = None
-        if method == "cls":
-            per_layer = cls_attention_maps(model, weights)  # (L, B, H, gh, gw)
-            if model.pool == "mean":
-                note = (
-                    "this model's head reads the mean of the patch tokens, not the class token; "
-                    "--method rollout or grad-rollout follow what feeds the head"
-                )
-        else:
-            per_layer = query_attention_maps(model, weights, query_patch)
-            name = f"query_{query_patch[0]}_{query_patch[1]}"
-        if model.num_registers:
-            note = "; ".join(filter(None, [note, register_share(model, weights, layers, query_patch)]))
-        what = METHODS[method].format(patch=tuple(query_patch or ()))
-        head_text = f"head {heads[0]}" if len(heads) == 1 else "mean of heads"
-        return Explanation(
-            name, per_layer[-1].mean(dim=1), f"{what}, layer {layers[-1]}, {head_text}", logits,
-            layers, heads, per_layer, what, note,
-        )  # fmt: skip
-    if method == "rollout":
-        rollout = attention_rollout(weights, head_fusion, discard_ratio, model.num_prefix_tokens)
-        what = METHODS[method].format(fusion=head_fusion, discard=discard_ratio)
-        title = f"{POOLED[model.pool]} {what}, layers 0 to {layers[-1]}"
-        return Explanation(name, pooled_maps(model, rollout), title, logits, layers, heads, what=what)
-    targets = logits.argmax(-1) if target is None else target
-    relevance = gradient_rollout(model, images, targets, batch_size)
-    what = METHODS[method].format(target="predicted" if target is None else names[target])
-    title = f"{POOLED[model.pool]} {what}"
-    return Explanation(name, pooled_maps(model, relevance), title, logits, layers, heads, what=what)
+    # cls and query: every chosen layer and head, and the logits, from one forward pass
+    weights, logits = attention_weights(model, images, layers, heads, batch_size, return_logits=True)
+    note = None
+    if spec.method == "cls":
+        per_layer = cls_attention_maps(model, weights)  # (L, B, H, gh, gw)
+        if model.pool == "mean":
+            note = (
+                "this model's head reads the mean of the patch tokens, not the class token; "
+                "--method rollout or grad-rollout follow what feeds the head"
+            )
+    else:
+        per_layer = query_attention_maps(model, weights, spec.query_patch)
+        name = f"query_{spec.query_patch[0]}_{spec.query_patch[1]}"
+    if model.num_registers:
+        note = "; ".join(filter(None, [note, register_share(model, weights, layers, spec.query_patch)]))
+    what = method.title.format(patch=tuple(spec.query_patch or ()))
+    head_text = f"head {heads[0]}" if len(heads) == 1 else "mean of heads"
+    return Explanation(
+        name, per_layer[-1].mean(dim=1), f"{what}, layer {layers[-1]}, {head_text}", logits,
+        layers, heads, per_layer, what, note,
+    )  # fmt: skip

@@ -36,10 +36,9 @@ from PIL import Image
 
 from vit.errors import UsageError
 from vit.interpret.maps import (
-    METHODS,
+    MapSpec,
     attention_rollout,
     attention_weights,
-    check_head_fusion,
     gradient_rollout,
     patch_token,
     select_heads,
@@ -129,14 +128,9 @@ class Explorer:
 def explore(
     model: ViT,
     images: torch.Tensor,
+    spec: MapSpec | None = None,
     captions: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
-    method: str | None = None,
-    query_patch: tuple[int, int] | None = None,
-    layer: int | None = None,
-    head: int | None = None,
-    head_fusion: str = "mean",
-    discard_ratio: float = 0.0,
     top_k: int = 5,
     batch_size: int = 64,
     scores: dict | None = None,
@@ -145,10 +139,10 @@ def explore(
 ) -> Explorer:
     """The page for `images` (B, C, H, W) in [0, 1] as `model` sees them.
 
-    `method`, `query_patch`, `layer` and `head` choose the view it opens on (as `vit-attention`'s
-    options: cls or query for attention, rollout, grad-rollout; default the class token, the last
-    layer, the mean of its heads); the page switches between them. A model without a class
-    token (`pool: mean`) opens on the mean of the patch rows, what its head reads. `head_fusion` and
+    `spec` (a `MapSpec`: its method, query patch, layer and head) chooses the view it opens on (cls
+    or query for attention, rollout, grad-rollout; default the class token, the last layer, the
+    mean of its heads); the page switches between them. A model without a class token (`pool:
+    mean`) opens on the mean of the patch rows, what its head reads. The spec's `head_fusion` and
     `discard_ratio` are the rollout's (`attention_rollout`); the gradient-weighted rollout is
     computed for each image's `top_k` classes. `captions` label the images, `class_names` the
     classes. `scores` (method -> {measure: value}) are shown as a table when given; `head_effects`
@@ -168,15 +162,13 @@ def explore(
                 )
     if images.ndim != 4 or len(images) == 0:
         raise UsageError(f"explore takes a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
-    if method is None:  # the class token's attention, or (none) the head's input's
-        method = "cls" if model.cls_token is not None else "rollout"
-    if method not in METHODS:
-        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if (method == "query") != (query_patch is not None):
-        raise UsageError("method 'query' needs a query_patch (row, column), and only it takes one")
-    if method == "cls" and model.cls_token is None:
-        raise UsageError("this model has no class token: use method query, rollout or grad-rollout")
-    check_head_fusion(head_fusion)
+    if spec is None:  # the class token's attention, or (none) the head's input's
+        spec = MapSpec("cls" if model.cls_token is not None else "rollout")
+    if spec.method not in VIEWS:
+        raise UsageError(f"the page shows the methods {', '.join(VIEWS)}, not {spec.method}")
+    spec.check(model)
+    method, query_patch, layer, head = spec.method, spec.query_patch, spec.layer, spec.head
+    head_fusion, discard_ratio = spec.head_fusion, spec.discard_ratio
     if top_k < 1:
         raise UsageError(f"top_k={top_k} must be at least 1")
     if captions is not None and len(captions) != len(images):
