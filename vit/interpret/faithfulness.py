@@ -264,14 +264,18 @@ def score(
         "curves": {
             m: {k: torch.cat(v, dim=1).mean(dim=1).tolist() for k, v in curves[m].items()} for m in methods
         },
-        "figures": {m: {k: interval(torch.cat(v)) for k, v in per_image[m].items()} for m in methods},
-        "layers_heads": {k: lh_interval(torch.cat(v, dim=-1)) for k, v in layer_head.items()},
+        "figures": {
+            m: {k: interval(torch.cat(v), seed=seed) for k, v in per_image[m].items()} for m in methods
+        },
+        "layers_heads": {k: lh_interval(torch.cat(v, dim=-1), seed) for k, v in layer_head.items()},
     }
     if sanity:
         trained = {m: torch.cat(v) for m, v in trained_maps.items()}
         predicted, runner_up = torch.cat(top2).unbind(dim=1)
         results["randomisation"] = randomisation(model, images, trained, predicted, batch_size, seed)
-        results["target_sensitivity"] = target_sensitivity(model, images, trained, runner_up, batch_size)
+        results["target_sensitivity"] = target_sensitivity(
+            model, images, trained, runner_up, batch_size, seed
+        )
     return results
 
 
@@ -292,14 +296,18 @@ def randomisation(
     for step, randomised in randomisation_steps(model, seed):
         for method, maps in trained.items():
             new = chunked_maps(randomised, images, method, predicted, batch_size)
-            out[method].append({"step": step, **interval(spearman(maps, new))})
+            out[method].append({"step": step, **interval(spearman(maps, new), seed=seed)})
     return out
 
 
-def target_sensitivity(model: ViT, images, trained: dict, runner_up: torch.Tensor, batch_size: int) -> dict:
+def target_sensitivity(
+    model: ViT, images, trained: dict, runner_up: torch.Tensor, batch_size: int, seed: int = 0
+) -> dict:
     """Per method, the rank correlation of its maps for the predicted and the runner-up class."""
     return {
-        method: interval(spearman(maps, chunked_maps(model, images, method, runner_up, batch_size)))
+        method: interval(
+            spearman(maps, chunked_maps(model, images, method, runner_up, batch_size)), seed=seed
+        )
         for method, maps in trained.items()
     }
 

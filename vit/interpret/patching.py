@@ -37,7 +37,7 @@ from einops import rearrange
 from vit.errors import require
 from vit.interpret.hooks import device_of, hooks, on_heads, on_residual
 from vit.interpret.patches import perturbed
-from vit.interpret.stats import SAMPLES, bootstrap, interval, lh_interval
+from vit.interpret.stats import SAMPLES, bootstrap, bounds, interval, lh_interval
 from vit.model import ViT
 
 MIN_GAP = 0.1  # logits: pairs whose clean and corrupted logit differences are closer are left out
@@ -166,17 +166,15 @@ def restored_ratio_of_means(
         / pairs
     )  # (samples, P): each resample's weights, a mean as a product
     means = [v @ counts.T for v in double]  # (..., samples)
-    resampled = (means[0] - means[2]) / (means[1] - means[2])
-    bounds = resampled.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64), dim=-1)
-    return ratio, bounds
+    return ratio, bounds((means[0] - means[2]) / (means[1] - means[2]), dim=-1)
 
 
-def ratio_figures(ratio: torch.Tensor, bounds: torch.Tensor) -> list:
-    """`restored_ratio_of_means`'s (ratio (...,), bounds (2, ...)) as figures like `interval`'s,
+def ratio_figures(ratio: torch.Tensor, limits: torch.Tensor) -> list:
+    """`restored_ratio_of_means`'s (ratio (...,), limits (2, ...)) as figures like `interval`'s,
     nested as the units are: {"mean", "low", "high"} each."""
     if ratio.ndim == 0:
-        return {"mean": ratio.item(), "low": bounds[0].item(), "high": bounds[1].item()}
-    return [ratio_figures(r, b) for r, b in zip(ratio, bounds.movedim(0, 1), strict=True)]
+        return {"mean": ratio.item(), "low": limits[0].item(), "high": limits[1].item()}
+    return [ratio_figures(r, b) for r, b in zip(ratio, limits.movedim(0, 1), strict=True)]
 
 
 def analyse(

@@ -18,6 +18,12 @@ def bootstrap(over: str, samples: int = SAMPLES) -> str:
     return f"95% percentile bootstrap over {over}, {samples} resamples"
 
 
+def bounds(resampled: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The 95% percentile interval of bootstrap resamples along `dim` (NaN resamples left out):
+    (2, ...), the 2.5% and the 97.5% quantiles."""
+    return resampled.double().nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64), dim=dim)
+
+
 def _ranks(x: torch.Tensor) -> torch.Tensor:
     """The rank of each value of x (..., n) along the last axis, from 1; ties get their average rank."""
     dtype = x.dtype if x.is_floating_point() else torch.float32
@@ -56,7 +62,7 @@ def spearman_test(
     p = (1 + (permuted.abs() >= abs(rho) - 1e-12).sum().item()) / (1 + permutations)
     picks = torch.randint(len(a), (samples, len(a)), generator=g)
     resampled = spearman(a[picks], b[picks])
-    low, high = resampled.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).clamp(-1, 1).tolist()
+    low, high = bounds(resampled).clamp(-1, 1).tolist()
     return {"rho": rho, "p": p, "low": low, "high": high, "n": len(a)}
 
 
@@ -68,7 +74,7 @@ def spearman_over_images(a: torch.Tensor, b: torch.Tensor, samples: int = SAMPLE
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(a.shape[-1], (samples, a.shape[-1]), generator=g)
     rho = spearman(a[:, picks].nanmean(-1).T.double(), b[:, picks].nanmean(-1).T.double())
-    low, high = rho.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).clamp(-1, 1).tolist()
+    low, high = bounds(rho).clamp(-1, 1).tolist()
     return {"low": low, "high": high}
 
 
@@ -84,7 +90,7 @@ def interval(values: torch.Tensor, samples: int = SAMPLES, seed: int = 0) -> dic
         return {"mean": float("nan"), "low": float("nan"), "high": float("nan")}
     g = torch.Generator().manual_seed(seed)
     means = values[torch.randint(len(values), (samples, len(values)), generator=g)].mean(dim=1)
-    low, high = means.quantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    low, high = bounds(means).tolist()
     return {"mean": values.mean().item(), "low": low, "high": high}
 
 

@@ -113,3 +113,14 @@ def test_the_interval_over_images_resamples_images_shared_by_every_unit():
     rhos = torch.stack([spearman(a[:, p].mean(-1).double(), b[:, p].mean(-1).double()) for p in picks])
     low, high = rhos.nanquantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     assert found == {"low": pytest.approx(low), "high": pytest.approx(high)}
+
+
+def test_bounds_are_the_2_5_and_97_5_percent_quantiles_without_nans():
+    from vit.interpret.stats import bounds
+
+    values = torch.arange(1001, dtype=torch.float64)  # quantile q of 0..1000 is 1000 q
+    torch.testing.assert_close(bounds(values), torch.tensor([25.0, 975.0], dtype=torch.float64))
+    with_nan = torch.cat([values, torch.full((500,), float("nan"))])
+    torch.testing.assert_close(bounds(with_nan), bounds(values))
+    rows = torch.stack([values, 2 * values])  # along a dimension: one interval a row
+    torch.testing.assert_close(bounds(rows, dim=-1), torch.tensor([[25.0, 50.0], [975.0, 1950.0]]).double())

@@ -231,6 +231,25 @@ def test_score_defaults_to_seed_0_and_the_sanity_checks_and_ignores_the_global_r
     assert other["randomisation"]["rollout"] != runs[0]["randomisation"]["rollout"]
 
 
+def test_the_seed_draws_every_interval_too():
+    """`seed` reaches the bootstrap of every interval: a figure that does not depend on the seed
+    keeps its mean and gets another interval (16 images: the quantiles of other resamples differ)."""
+    model = model_of()
+    images = torch.rand(16, 3, 8, 12, generator=torch.Generator().manual_seed(0))
+    evidence = torch.zeros(16, 8, 12, dtype=torch.bool)
+    evidence[:, :4, :8] = True
+    runs = [score(model, images, evidence=evidence, methods=["rollout", "input-gradient"], seed=seed)
+            for seed in (0, 3)]  # fmt: skip
+    figures = [
+        (run["figures"]["rollout"]["relevance_mass"], run["target_sensitivity"]["input-gradient"],
+         run["layers_heads"]["query/relevance_mass"][1][0])
+        for run in runs
+    ]  # fmt: skip
+    for before, after in zip(*figures, strict=True):
+        assert before["mean"] == pytest.approx(after["mean"], abs=1e-12)
+        assert (before["low"], before["high"]) != (after["low"], after["high"])
+
+
 def test_maps_in_chunks_read_each_chunks_own_targets():
     model = model_of()
     images, targets = torch.rand(5, 3, 8, 12), torch.tensor([0, 1, 2, 0, 1])
