@@ -278,3 +278,18 @@ def test_every_dotted_name_the_docs_give_imports():
     assert len(NAMED) > 10 and "vit.interpret.heads.analyse" in NAMED
     assert [name for name in NAMED if not resolves(name)] == []
     assert not resolves("vit.model.PRESETS") and resolves("vit.config.PRESETS")
+
+
+def test_the_layout_names_every_module():
+    """docs/model.md's layout block names every module of the package (a module added or moved
+    shows up there); vit/commands/ holds one module per command, named by it."""
+    text = (ROOT / "docs" / "model.md").read_text()
+    block = text[text.index("## Layout") :]
+    block = block[: block.index("```", block.index("```") + 3)]
+    modules = [
+        p for p in (ROOT / "vit").rglob("*.py") if p.name != "__init__.py" and p.parent.name != "commands"
+    ]
+    missing = [str(p.relative_to(ROOT)) for p in modules if p.name not in block]
+    assert len(modules) > 25 and not missing, missing
+    for folder in ("vit/interpret/", "vit/commands/", "benchmarks/", "studies/", "tools/"):
+        assert folder in block, folder

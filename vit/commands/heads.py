@@ -81,13 +81,10 @@ def table(results: dict) -> str:
     lines += ["", f"high-norm tokens: norm over the median patch-token norm above {norms['norm_ratio']:g}"]
     columns = [("max_patch_ratio", "largest patch, ratio"), ("patches_flagged", "patches flagged")]
     columns += [(f"{kind}_flagged", f"{kind} flagged") for kind in norms["token_kinds"]]
-    columns += [
-        ("attention_to_flagged", "next attention to them"),
-        ("cls_attention_to_flagged", "class token's attention"),
-        ("token_share_flagged", "their token share"),
-    ]
-    if not any("cls_attention_to_flagged" in row for row in norms["layers"]):
-        columns.remove(("cls_attention_to_flagged", "class token's attention"))
+    columns.append(("attention_to_flagged", "next attention to them"))
+    if any("cls_attention_to_flagged" in row for row in norms["layers"]):  # a model with a class token
+        columns.append(("cls_attention_to_flagged", "class token's attention"))
+    columns.append(("token_share_flagged", "their token share"))
     lines.append("after block".ljust(14) + "".join(name.ljust(26) for _, name in columns))
     for layer, row in enumerate(norms["layers"]):
         shown = [cell(row[k]) if k in row and not math.isnan(row[k]["mean"]) else "-" for k, _ in columns]

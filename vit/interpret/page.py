@@ -53,11 +53,6 @@ LEVELS = 255  # 8-bit codes: 0 .. 255
 PLACEHOLDER = "__EXPLORE_DATA__"  # where the template takes its data
 
 
-def prefix_names(model: ViT) -> list[str]:
-    """The prefix tokens in the order the model puts them before the patches."""
-    return model.token_names()[: model.num_prefix_tokens]
-
-
 def quantise(matrices: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Non-negative matrices (..., T, T), row by row: each row's diagonal entry (a token's weight
     on itself, which the identity of a rollout inflates) kept as a float32, the rest as 8-bit
@@ -239,7 +234,7 @@ def explore(
             "grid": list(model.grid_size),
             "patch": model.patch_size,
             "tokens": weights.shape[-1],
-            "prefix": prefix_names(model),
+            "prefix": model.token_names()[:prefix],  # the tokens before the patches
             "pool": model.pool,
         },
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio},
