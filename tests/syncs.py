@@ -40,7 +40,16 @@ WAITS = {
 }
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 FRESH = {aten.lift_fresh.default, aten.lift_fresh_copy.default}  # torch.tensor(Python data)
-WHERE = ("vit/", "torchvision/", "torchmetrics/", "lightning/", "benchmarks/", "torch/optim/")
+WHERE = (
+    "vit/",
+    "torchvision/",
+    "torchmetrics/",
+    "lightning/",
+    "benchmarks/",
+    "studies/",
+    "tools/",
+    "torch/optim/",
+)
 
 
 def _tensors(tree) -> list[torch.Tensor]:

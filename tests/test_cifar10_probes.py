@@ -1,4 +1,4 @@
-"""benchmarks/cifar10_probes.py: its variants name real options, and steps follow step costs."""
+"""studies/cifar10_cpu/cifar10_probes.py: its variants name real options, and steps follow step costs."""
 
 import inspect
 import json
@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from benchmarks import cifar10_probes as probes
+from studies.cifar10_cpu import cifar10_probes as probes
 from vit.classifier import Classifier
 from vit.config import ViTConfig
 from vit.datamodules import ImageDataModule

@@ -1,13 +1,13 @@
 """The demo's figure is the config's, not one seed's: `configs/two_circles.yaml`, as `make demo`
 trains it, reaches test top-1 >= 0.98 on seeds never used to choose it (the config was chosen
-on seeds 0-9: benchmarks/demo_seeds/, whose `train_and_test` this runs). About 25 s a seed on
+on seeds 0-9: studies/demo_seeds/, whose `train_and_test` this runs). About 25 s a seed on
 2 cores."""
 
 from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_seeds import train_and_test
+from tools.demo_seeds import train_and_test
 
 ROOT = Path(__file__).resolve().parents[1]
 

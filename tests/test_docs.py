@@ -11,7 +11,12 @@ import pytest
 from helpers import ROOT
 
 README = ROOT / "README.md"
-DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md"]
+DOCS = [
+    README,
+    *sorted((ROOT / "docs").rglob("*.md")),
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "studies").rglob("*.md")),
+]
 
 
 def code_blocks(text: str, language: str) -> list[str]:

@@ -44,7 +44,7 @@ class Softmax(nn.Module):
 
 def explicit_is_faster(x: torch.Tensor) -> bool:
     """On CPU in bf16 the explicit path beats SDPA's flash kernel for ViT-sized sequences (its
-    backward is slow: benchmarks/README.md); in fp32 and on GPU SDPA is as fast or faster."""
+    backward is slow: studies/cpu_throughput/README.md); in fp32 and on GPU SDPA is as fast or faster."""
     return x.dtype == torch.bfloat16 and x.device.type == "cpu"
 
 

@@ -1,12 +1,12 @@
 """Validation accuracy against training minutes, one line per run, from vit-train's metrics.csv.
 
-    python benchmarks/accuracy_vs_minutes.py --out docs/cifar10_minutes.png \\
-        "time budget, seed 0=docs/cifar10_runs/budget_seed0.csv" \\
-        "38 epochs, cut at 30 min=docs/cifar10_runs/fixed38.csv"
+    python tools/accuracy_vs_minutes.py --out docs/cifar10_minutes.png \\
+        "time budget, seed 0=studies/cifar10_cpu/cifar10_runs/budget_seed0.csv" \\
+        "38 epochs, cut at 30 min=studies/cifar10_cpu/cifar10_runs/fixed38.csv"
 
 Each run is LABEL=PATH to a metrics.csv (its val/acc and time/minutes rows: one per validation),
 or LABEL=PATH*FACTOR to draw its minutes times FACTOR: a run on a machine FACTOR times as fast as
-another, drawn in that machine's minutes (docs/cifar10.md's AVX2 runs on a faster CPU). Prints
+another, drawn in that machine's minutes (studies/cifar10_cpu/README.md's AVX2 runs on a faster CPU). Prints
 each run's last and best val/acc with the minute they came at.
 """
 

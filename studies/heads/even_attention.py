@@ -3,7 +3,7 @@ replaced by even ones (every query spreads 1/tokens over every token; its values
 projection untouched), one head at a time, on two-circles test images: the change in top-1
 accuracy against the intact model, per layer and head, with a 95% bootstrap interval over images.
 
-    python benchmarks/even_attention.py --ckpt runs/demo/train/checkpoints/best.ckpt
+    python studies/heads/even_attention.py --ckpt runs/demo/train/checkpoints/best.ckpt
 
 Beside `vit-attention heads`' mean ablation (the head's whole output replaced by its mean): a head
 that costs much there and little here carries what matters in its values, not in where it looks.

@@ -1,9 +1,9 @@
 """Does a config's result hold for every seed? Train it once per seed, as a user would, and report
 val/acc per epoch and test top-1 on the best checkpoint for each, with min, median and max.
 
-    python benchmarks/demo_seeds.py --out benchmarks/demo_seeds/demo     # the demo config, seeds 0-9
-    python benchmarks/demo_seeds.py --seeds 1 2 3 --out /tmp/probe -- --model.lr 0.002  # a probe
-    python benchmarks/demo_seeds.py --table benchmarks/demo_seeds/demo   # print a finished run's table
+    python tools/demo_seeds.py --out studies/demo_seeds/demo     # the demo config, seeds 0-9
+    python tools/demo_seeds.py --seeds 1 2 3 --out /tmp/probe -- --model.lr 0.002  # a probe
+    python tools/demo_seeds.py --table studies/demo_seeds/demo   # print a finished run's table
 
 Each seed is `vit-train fit --config CONFIG --seed_everything N [options after --]` in this
 process, then a test of its best.ckpt (the `make demo` pair `vit-train fit` + `vit-eval`, without
@@ -90,7 +90,7 @@ def main() -> None:
     )
     parser.add_argument("--config", default="configs/two_circles.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/demo_seeds/demo"))
+    parser.add_argument("--out", type=Path, default=Path("studies/demo_seeds/demo"))
     parser.add_argument(
         "--runs", type=Path, help="the runs' logs and checkpoints (runs/demo_seeds/NAME of OUT)"
     )

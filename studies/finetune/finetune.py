@@ -1,8 +1,8 @@
 """Does pretraining help? Pretrain on CIFAR-10 classes 0-4, fine-tune on 100 images per class of
 classes 5-9, against the same model trained from scratch on the same images for the same steps.
 
-    python benchmarks/finetune.py --cifar ../shared/data/cifar10-jpeg --out runs/finetune_study
-    python benchmarks/finetune.py --cifar DIR --pretrain-epochs 1 --epochs 2 --out /tmp/quick  # smoke run
+    python studies/finetune/finetune.py --cifar ../shared/data/cifar10-jpeg --out runs/finetune_study
+    python studies/finetune/finetune.py --cifar DIR --pretrain-epochs 1 --epochs 2 --out /tmp/quick  # smoke
 
 Everything goes through the commands a user runs: `vit-train fit` with configs/cifar10_cpu.yaml's
 model (width 192, depth 4) on image folders, `vit-export`, `vit-train fit --model.pretrained` and
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIRST = ["airplane", "automobile", "bird", "cat", "deer"]
 SECOND = ["dog", "frog", "horse", "ship", "truck"]
 CONFIG = str(ROOT / "configs" / "cifar10_cpu.yaml")

@@ -1,7 +1,7 @@
 """Two circles, done scientifically: a ViT against bags of local features and controls.
 
-    python benchmarks/two_circles.py --out benchmarks/two_circles          # the full comparison
-    python benchmarks/two_circles.py --steps 20 --seeds 1 --out /tmp/quick  # a smoke run
+    python studies/two_circles/two_circles.py --out studies/two_circles          # the full comparison
+    python studies/two_circles/two_circles.py --steps 20 --seeds 1 --out /tmp/quick  # a smoke run
 
 Every model trains for the same number of steps on the same images (one data set per seed) and
 is tested on the in-distribution test split, on the `far` split (separations beyond the
@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--fields", type=int, nargs="+", default=[3, 5, 9], help="bag CNN receptive fields")
     parser.add_argument("--cnn_width", type=int, default=16, help="channels of the CNNs")
     parser.add_argument("--models", nargs="+", help="run only these models, by name (default: all)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles"))
+    parser.add_argument("--out", type=Path, default=Path("studies/two_circles"))
     parser.add_argument(
         "--replot",
         action="store_true",

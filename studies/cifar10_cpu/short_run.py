@@ -1,10 +1,10 @@
 """Short CIFAR-10 runs, the same loop for every model: which starts to learn faster, and which
 size of model gets furthest in a few minutes?
 
-    python -m benchmarks.short_run --model ours --init timm     # one epoch, timm's N(0, 0.02) start
-    python -m benchmarks.short_run --model ours --init torch    # PyTorch's default init
-    python -m benchmarks.short_run --model vit-pytorch          # pip install -e ".[bench]"
-    python -m benchmarks.short_run --epochs 8 --dim 128 --depth 4 --heads 2 --mlp_ratio 2
+    python -m studies.cifar10_cpu.short_run --model ours --init timm     # one epoch, timm's N(0, 0.02) start
+    python -m studies.cifar10_cpu.short_run --model ours --init torch    # PyTorch's default init
+    python -m studies.cifar10_cpu.short_run --model vit-pytorch          # pip install -e ".[bench]"
+    python -m studies.cifar10_cpu.short_run --epochs 8 --dim 128 --depth 4 --heads 2 --mlp_ratio 2
 
 Same for all: 4x4 patches, the `cifar` size by default (width 192, depth 6, 3 heads), a
 layer-normed patch embedding (ours pools the mean of the patch tokens, vit-pytorch's ViT reads
@@ -29,7 +29,7 @@ from benchmarks.throughput import CONFIG, build_vit_pytorch
 from vit.datamodules import CIFAR10
 from vit.model import ViT, num_params
 
-SHARED_COPY = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
+SHARED_COPY = Path(__file__).resolve().parents[3] / "shared" / "data" / "cifar10-jpeg"
 
 
 def build(args: argparse.Namespace) -> torch.nn.Module:

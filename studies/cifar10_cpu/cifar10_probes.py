@@ -1,20 +1,20 @@
 """Probes of configs/cifar10_cpu.yaml at the steps each variant would get in a CPU's half hour.
 
 A half hour of the config of 2026-11-25 (`BEFORE`: 4 blocks on a three-convolution stem) trains
-5,700 steps on the 2-core AVX2-only EPYC (Zen 3) in fp32 (docs/cifar10.md). A variant that costs
+5,700 steps on the 2-core AVX2-only EPYC (Zen 3) in fp32 (studies/cifar10_cpu/README.md). A variant that costs
 more or less per step gets proportionally fewer or more. Step counts, not minutes, make a probe's
 result independent of where it runs, so a GPU can run many probes at once and in minutes, in
 fp32 (no TF32), with the same schedule (warm-up and cosine over the steps) and data pipeline.
 
-    python -m benchmarks.cifar10_probes cost --out costs.json       # this CPU: ms per step
-    python -m benchmarks.cifar10_probes run --costs costs.json --root ../shared/data/cifar10-jpeg \\
+    python -m studies.cifar10_cpu.cifar10_probes cost --out costs.json       # this CPU: ms per step
+    python -m studies.cifar10_cpu.cifar10_probes run --costs costs.json --root ../shared/data/cifar10-jpeg \\
         --out runs/probes --seeds 0 1 --jobs 12                     # any device: train, summarise
 
 `cost` times each variant's training step here (crop and flip of a uint8 batch, forward,
 backward, AdamW; fp32, per 128 images) and writes milliseconds per step; `run` trains each
 variant for `--steps` x cost(before) / cost(variant) steps (a variant of training settings alone
 gets `--steps`) and writes `summary.md` (last and best val/acc, mean over seeds) and
-`summary.json`. docs/cifar10.md has the probes of 2026-11-26 and their `costs.json`.
+`summary.json`. studies/cifar10_cpu/README.md has the probes of 2026-11-26 and their `costs.json`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cifar10_cpu.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cifar10_cpu.yaml"
 
 
 def stem(channels: str, strides: str | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """Which tokens carry the class of a two-circles model? `vit-attention patch`'s token restoration,
 summed over the circles' patches (in the clean image or its counterfactual) and over the rest.
 
-    python benchmarks/patch_by_evidence.py --ckpt runs/relpos/version_0/checkpoints/best.ckpt
+    python studies/heads/patch_by_evidence.py --ckpt runs/relpos/version_0/checkpoints/best.ckpt
 
 `vit-attention patch` averages each token position over the pairs, where the circles sit anywhere;
 this splits each pair's tokens by where its circles are. Prints each share (the sum over the

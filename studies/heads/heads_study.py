@@ -6,8 +6,8 @@ default attribution, the logit difference to the runner-up, and again with `--at
 mean ablation costs the most), writing every printout and
 JSON into one folder, the files docs/heads.md reads its figures from.
 
-    python benchmarks/heads_study.py --out docs/heads            # about 20 minutes on 2 CPU cores
-    python benchmarks/heads_study.py --out /tmp/study --smoke     # seconds: every step, tiny
+    python studies/heads/heads_study.py --out docs/heads            # about 20 minutes on 2 CPU cores
+    python studies/heads/heads_study.py --out /tmp/study --smoke     # seconds: every step, tiny
 
 The models (their commands in MODELS): "demo", the demo config with learned absolute positions
 (4 blocks of 4 heads, the head reading the patch tokens' mean); "converged", class-token pooling
@@ -26,11 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a script: `studies`, `benchmarks` and `vit` import from the checkout
 
-from benchmarks import circle_attention, even_attention, patch_by_evidence  # noqa: E402
 from benchmarks.explanations import cpu_name  # noqa: E402
+from studies.heads import circle_attention, even_attention, patch_by_evidence  # noqa: E402
 from vit.commands import heads, patch  # noqa: E402
 from vit.commands.train import run  # noqa: E402
 

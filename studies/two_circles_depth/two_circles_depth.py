@@ -1,10 +1,11 @@
 """Two circles: how many layers does each model need to relate two distant circles?
 
-    python benchmarks/two_circles_depth.py                    # the default grid, about 40 minutes
-    python benchmarks/two_circles_depth.py --full             # + the MLP head, depths to 8, two seeds
-    python benchmarks/two_circles_depth.py --depths 1 2 --steps 20 --out /tmp/quick  # a smoke run
-    python benchmarks/two_circles_depth.py --replot           # redraw from results.json
-    python benchmarks/two_circles_depth.py --add --models "plain CNN" --depths 3 4 5 --seeds 1  # more runs
+    python studies/two_circles_depth/two_circles_depth.py  # the default grid, about 40 minutes
+    python studies/two_circles_depth/two_circles_depth.py --full  # + the MLP head, depths to 8, two seeds
+    python studies/two_circles_depth/two_circles_depth.py --depths 1 2 --steps 20 --out /tmp/quick  # smoke
+    python studies/two_circles_depth/two_circles_depth.py --replot  # redraw from results.json
+    python studies/two_circles_depth/two_circles_depth.py --add --models "plain CNN" --depths 3 4 5 \\
+        --seeds 1  # more runs
 
 The claim the data set was made for: self-attention relates two distant patches in one layer,
 while a convolution relates only what its receptive field covers, so a CNN needs depth (or
@@ -265,7 +266,7 @@ def main() -> None:
     parser.add_argument(
         "--models", nargs="+", choices=names, help="by name (default: all but the MLP head: --full)"
     )
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/two_circles_depth"))
+    parser.add_argument("--out", type=Path, default=Path("studies/two_circles_depth"))
     parser.add_argument(
         "--replot", action="store_true", help="only redraw the figure from --out/results.json"
     )

@@ -3,8 +3,8 @@ circle patch's attention on itself, on the other circle patches, on the backgrou
 the prefix tokens (class token, registers), beside the background's share of the other patches
 (what attention spread evenly over them would put there).
 
-    python benchmarks/circle_attention.py --ckpt runs/demo/train/checkpoints/best.ckpt
-    python benchmarks/circle_attention.py --ckpt runs/demo/train/checkpoints/best.ckpt --head 0 0
+    python studies/heads/circle_attention.py --ckpt runs/demo/train/checkpoints/best.ckpt
+    python studies/heads/circle_attention.py --ckpt runs/demo/train/checkpoints/best.ckpt --head 0 0
 
 With `--head LAYER HEAD`, also that head's mean attention by offset from the query patch (rows:
 down, columns: right, both from -(grid - 1) to grid - 1), for circle and background queries, and
