@@ -339,7 +339,7 @@ def test_a_map_spec_is_checked_once_when_made_and_against_a_model():
         "discard_ratio=1.0 must lie in [0, 1)": dict(method="rollout", discard_ratio=1.0),
     }
     for message, options in bad.items():
-        with pytest.raises(ValueError, match=re.escape(message)):
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
             MapSpec(**options)
     spec = MapSpec("query", query_patch=[1, 2])
     assert spec.query_patch == (1, 2)  # a list from a config becomes a tuple: hashable, comparable
@@ -389,3 +389,41 @@ def test_every_registered_method_draws_the_map_it_scores(method):
     if method in ("grad-rollout", "input-gradient"):  # the class they explain changes the map
         other = MapSpec(method, target=0)
         assert not torch.allclose(method_maps(model, images, other), scored)
+
+
+def test_the_maps_of_a_spec_are_the_methods_written_out():
+    """`method_maps` against each method computed from the weights directly: rollout through the
+    layers up to `layer` only, its discarding sparing every prefix token (two registers here), and
+    grad-rollout and input-gradient for the predicted classes when no target is given."""
+    from vit.interpret.maps import MapSpec, input_gradient, method_maps
+    from vit.model import ViT
+
+    torch.manual_seed(1)
+    model = ViT(num_classes=4, image_size=(16, 24), patch_size=4, dim=32, depth=3, heads=2, num_registers=2,
+                pool="mean").eval()  # fmt: skip
+    torch.nn.init.normal_(model.head.weight, std=3.0)  # logits far apart
+    images = 0.1 * torch.rand(6, 3, 16, 24)
+    images[torch.arange(6), torch.arange(6) % 3] += 0.9  # red, green and blue: the classes differ
+    weights = attention_weights(model, images)  # (L, B, H, T, T)
+    prefix = model.num_prefix_tokens
+    for layer in (0, 1):
+        expected = pooled_maps(model, attention_rollout(weights[: layer + 1], "min", 0.5, prefix))
+        spec = MapSpec("rollout", layer=layer, head_fusion="min", discard_ratio=0.5)
+        torch.testing.assert_close(method_maps(model, images, spec), expected)
+    with torch.no_grad():
+        predicted = model(images).argmax(-1)
+    assert len(set(predicted.tolist())) > 1  # the images' classes differ: targets per image matter
+    expected = pooled_maps(model, gradient_rollout(model, images, predicted))
+    torch.testing.assert_close(method_maps(model, images, MapSpec("grad-rollout")), expected)
+    expected = input_gradient(model, images, predicted, model.grid_size).unflatten(-1, model.grid_size)
+    torch.testing.assert_close(method_maps(model, images, MapSpec("input-gradient"), batch_size=4), expected)
+
+
+def test_a_target_needs_a_head_to_explain():
+    from vit.interpret.maps import MapSpec
+    from vit.model import ViT
+
+    headless = ViT(num_classes=0, image_size=16, patch_size=4, dim=16, depth=1, heads=2)
+    assert MapSpec("grad-rollout").check(headless).target is None
+    with pytest.raises(ValueError, match=r"^target=0 is not a class of this model \(0 to -1\)$"):
+        MapSpec("grad-rollout", target=0).check(headless)
