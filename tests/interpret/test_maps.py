@@ -427,3 +427,67 @@ def test_a_target_needs_a_head_to_explain():
     assert MapSpec("grad-rollout").check(headless).target is None
     with pytest.raises(ValueError, match=r"^target=0 is not a class of this model \(0 to -1\)$"):
         MapSpec("grad-rollout", target=0).check(headless)
+
+
+def test_explain_names_titles_and_reports_what_it_drew():
+    """What vit-attention writes comes from `explain`: each method's file stem, title, layers,
+    heads, per-layer maps and note, for a class-token model and one whose head reads the patches'
+    mean; the logits are the model's."""
+    from vit.interpret.maps import MapSpec, explain
+    from vit.model import ViT
+
+    torch.manual_seed(0)
+    model = ViT(num_classes=3, image_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2).eval()
+    images, names = torch.rand(2, 3, 16, 24), ["a", "b", "c"]
+    rollout = "attention rollout (max of heads, discard 0.5)"
+    grad = "gradient-weighted rollout for the {} class"
+    cls = "class-token attention"
+    cases = {  # spec: file stem, title, what (the method in words), layers, heads
+        MapSpec(): ("cls", f"{cls}, layer 1, mean of heads", cls, [0, 1], [0, 1]),
+        MapSpec(head=1): ("cls", f"{cls}, layer 1, head 1", cls, [0, 1], [1]),
+        MapSpec("query", layer=0, query_patch=(1, 2)): ("query_1_2",
+            "attention of patch (1, 2), layer 0, mean of heads", "attention of patch (1, 2)", [0], [0, 1]),
+        MapSpec("rollout", layer=0, head_fusion="max", discard_ratio=0.5): ("rollout",
+            f"class-token {rollout}, layers 0 to 0", rollout, [0], [0, 1]),
+        MapSpec("grad-rollout"): ("grad_rollout",
+            "class-token " + grad.format("predicted"), grad.format("predicted"), [0, 1], [0, 1]),
+        MapSpec("grad-rollout", target=2): ("grad_rollout",
+            "class-token " + grad.format("c"), grad.format("c"), [0, 1], [0, 1]),
+        MapSpec("input-gradient", target=0): ("input_gradient",
+            "gradient times input for the a class", "gradient times input for the a class", [0, 1], [0, 1]),
+    }  # fmt: skip
+    with torch.no_grad():
+        logits = model(images)
+    for spec, expected in cases.items():
+        found = explain(model, images, spec, class_names=names)
+        assert (found.name, found.title, found.what, found.layers, found.heads) == expected, spec
+        assert found.note is None
+        torch.testing.assert_close(found.logits, logits)
+        if spec.method in ("cls", "query"):
+            assert found.layer_head_maps.shape == (len(found.layers), 2, len(found.heads), 4, 6)
+            torch.testing.assert_close(found.maps, found.layer_head_maps[-1].mean(dim=1))
+        else:
+            assert found.layer_head_maps is None
+    pooled = ViT(num_classes=3, image_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2, pool="mean")
+    found = explain(pooled.eval(), images, MapSpec())
+    assert found.note.startswith("this model's head reads the mean of the patch tokens, not the class token")
+    found = explain(pooled, images, MapSpec("rollout"))
+    assert found.title == "mean-pooled-token attention rollout (mean of heads, discard 0.0), layers 0 to 1"
+
+
+def test_explain_notes_both_what_the_head_reads_and_what_the_registers_hold():
+    from vit.interpret.maps import MapSpec, explain
+    from vit.model import ViT
+
+    torch.manual_seed(0)
+    options = dict(image_size=(16, 24), patch_size=4, dim=32, depth=2, heads=2)
+    model = ViT(num_classes=3, pool="mean", num_registers=2, **options).eval()
+    images = torch.rand(2, 3, 16, 24)
+    head, joined, registers = explain(model, images, MapSpec()).note.partition("; the class token gives ")
+    assert head.startswith("this model's head reads the mean") and head.endswith("follow what feeds the head")
+    assert joined and registers.endswith("the 2 register tokens, which the maps (patches only) leave out")
+    query = explain(model, images, MapSpec("query", query_patch=(1, 2))).note
+    assert query.startswith("patch (1, 2) gives ") and "mean" not in query
+    assert explain(model, images, MapSpec("grad-rollout", target=2)).title.endswith("for the 2 class")
+    headless = ViT(num_classes=0, **options).eval()  # features, no classes: the maps still come
+    assert explain(headless, images, MapSpec("rollout")).maps.shape == (2, 4, 6)
