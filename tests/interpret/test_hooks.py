@@ -10,11 +10,11 @@ from vit.interpret.hooks import (
     explicit_attention,
     hooks,
     model_outputs,
-    on_embeddings,
     on_heads,
     on_mlp,
     on_residual,
     record_attention,
+    recorders,
 )
 from vit.model import ViT
 
@@ -28,19 +28,12 @@ def test_each_point_records_what_the_model_computes_there():
     """The residual stream is the embeddings plus every block's attention and MLP branches: the
     recorded points add up to it, block by block, and the last one read by the head gives the logits."""
     model, images = tiny(layer_scale=0.5), torch.rand(3, 3, 8, 12)  # ls2 scales the MLP branch
-    embeddings, heads, mlp, residual = [], [], [], []
-    pairs = [on_embeddings(model, embeddings.append)]
-    for block in model.blocks:
-        pairs += [
-            on_heads(block, heads.append),
-            on_mlp(block, mlp.append),
-            on_residual(block, residual.append),
-        ]
+    pairs, found = recorders(model, "embeddings", "heads", "mlp", "residual")
     with torch.no_grad(), hooks(*pairs):
         logits = model(images)
-    assert [len(x) for x in (embeddings, heads, mlp, residual)] == [1, 2, 2, 2]
-    stream = embeddings[0]
-    for block, z, m, out in zip(model.blocks, heads, mlp, residual, strict=True):
+    assert [len(x) for x in found.values()] == [1, 2, 2, 2]
+    stream, residual = found["embeddings"][0], found["residual"]
+    for block, z, m, out in zip(model.blocks, found["heads"], found["mlp"], residual, strict=True):
         attention = block.ls1(block.attn.proj(z))  # the heads' outputs, projected: the attention branch
         torch.testing.assert_close(stream + attention + m, out)
         stream = out
@@ -67,6 +60,11 @@ def test_writing_a_point_changes_what_follows_it():
             model(images)
         torch.testing.assert_close(before[0], unhooked[0])  # writing block 1 left block 0 as it was
         torch.testing.assert_close(model(images), intact)
+
+
+def test_an_unknown_point_is_one_line():
+    with pytest.raises(ValueError, match="^no hook point 'attn'; choose embeddings, heads, mlp, residual$"):
+        recorders(tiny(), "heads", "attn")
 
 
 def test_hooks_are_removed_when_the_block_raises():

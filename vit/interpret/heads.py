@@ -51,11 +51,9 @@ from vit.errors import require
 from vit.interpret.hooks import (
     device_of,
     hooks,
-    on_embeddings,
     on_heads,
-    on_mlp,
-    on_residual,
     record_attention,
+    recorders,
 )
 from vit.interpret.patches import layers_heads_scores, patch_evidence
 from vit.interpret.stats import (
@@ -126,14 +124,7 @@ class Record:
 def record(model: ViT, images: torch.Tensor) -> Record:
     """One intact forward pass of `images` (on the model's device), everything the analyses read
     recorded in float32."""
-    embeddings, heads, mlp, residual = [], [], [], []
-    pairs = [on_embeddings(model, embeddings.append)]
-    for block in model.blocks:
-        pairs += [
-            on_heads(block, heads.append),
-            on_mlp(block, mlp.append),
-            on_residual(block, residual.append),
-        ]
+    pairs, found = recorders(model, "embeddings", "heads", "mlp", "residual")
     layers = list(range(len(model.blocks)))
     with (
         torch.no_grad(),
@@ -145,10 +136,10 @@ def record(model: ViT, images: torch.Tensor) -> Record:
         logits = model(images.to(device_of(model)))
     return Record(
         logits.float(),
-        embeddings[0].float(),
-        torch.stack(heads).float(),
-        torch.stack(mlp).float(),
-        torch.stack(residual).float(),
+        found["embeddings"][0].float(),
+        torch.stack(found["heads"]).float(),
+        torch.stack(found["mlp"]).float(),
+        torch.stack(found["residual"]).float(),
         torch.stack([a[i][0][0] for i in layers]),
         torch.stack([a[i][0][1] for i in layers]),
     )

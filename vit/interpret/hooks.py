@@ -11,7 +11,7 @@ The points, for block i of `model.blocks`:
 - `record_attention`: the attention weights (B, heads, N, N), as `attn.attend` computes them on the
   explicit path, which `explicit_attention` switches on.
 Each `on_*` gives a (register, hook) pair for `hooks`; its function `fn(x)` reads x and returns None,
-or returns what replaces x. `list.append` records.
+or returns what replaces x. `list.append` records; `recorders` records several points at once.
 """
 
 from __future__ import annotations
@@ -68,6 +68,23 @@ def on_mlp(block: nn.Module, fn: Fn) -> tuple[Callable, Callable]:
 def on_residual(block: nn.Module, fn: Fn) -> tuple[Callable, Callable]:
     """The residual stream after `block`: its output."""
     return block.register_forward_hook, lambda module, args, out: fn(out)
+
+
+def recorders(
+    model: ViT, *points: str
+) -> tuple[list[tuple[Callable, Callable]], dict[str, list[torch.Tensor]]]:
+    """Hook pairs (for `hooks`) that record each named point ("embeddings", and of every block
+    "heads", "mlp", "residual"), and the lists they record into, by point: one tensor a block (a
+    forward pass) in the order of the blocks."""
+    found: dict[str, list[torch.Tensor]] = {point: [] for point in points}
+    per_block = {"heads": on_heads, "mlp": on_mlp, "residual": on_residual}
+    unknown = set(points) - {"embeddings", *per_block}
+    if unknown:
+        raise ValueError(f"no hook point {sorted(unknown)[0]!r}; choose embeddings, {', '.join(per_block)}")
+    pairs = [on_embeddings(model, found["embeddings"].append)] if "embeddings" in found else []
+    for block in model.blocks:
+        pairs += [per_block[point](block, found[point].append) for point in points if point in per_block]
+    return pairs, found
 
 
 def _replaced(x: torch.Tensor | None) -> tuple[torch.Tensor] | None:

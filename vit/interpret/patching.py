@@ -35,7 +35,7 @@ import torch
 from einops import rearrange
 
 from vit.errors import require
-from vit.interpret.hooks import device_of, hooks, on_heads, on_residual
+from vit.interpret.hooks import device_of, hooks, on_heads, on_residual, recorders
 from vit.interpret.patches import perturbed
 from vit.interpret.stats import SAMPLES, bootstrap, bounds, interval, lh_interval
 from vit.model import ViT
@@ -91,13 +91,10 @@ def replace_patches(
 def activations(model: ViT, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One forward pass of `images` (on the model's device): logits (B, classes), each block's
     heads' outputs (L, B, N, heads * d_head) and each block's output (L, B, N, D)."""
-    heads, residual = [], []
-    pairs = []
-    for block in model.blocks:
-        pairs += [on_heads(block, heads.append), on_residual(block, residual.append)]
+    pairs, found = recorders(model, "heads", "residual")
     with torch.no_grad(), hooks(*pairs):
         logits = model(images.to(device_of(model)))
-    return logits, torch.stack(heads), torch.stack(residual)
+    return logits, torch.stack(found["heads"]), torch.stack(found["residual"])
 
 
 def patched_logits(
