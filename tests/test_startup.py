@@ -1,6 +1,6 @@
-"""Starting a command is quick: `import vit` and vit-eval, vit-attention and vit-export up to their
---help import none of torch, Lightning, torchmetrics, transformers or matplotlib, which take
-seconds to import. Checked by what a fresh interpreter imported, not by a clock."""
+"""Starting a command is quick: `import vit` and vit-eval, vit-attention, vit-export and vit-chunks
+up to their --help import none of torch, Lightning, torchmetrics, transformers or matplotlib, which
+take seconds to import. Checked by what a fresh interpreter imported, not by a clock."""
 
 import importlib
 import os
@@ -37,8 +37,9 @@ def test_import_vit_imports_its_names_on_first_use():
 def test_the_commands_answer_help_without_torch_or_lightning():
     code = """
 import contextlib, io
-from vit.commands import attention, eval, export
-for main, args in ((eval.main, []), (eval.main, ["predict"]), (attention.main, []), (export.main, [])):
+from vit.commands import attention, chunks, eval, export
+for main, args in ((eval.main, []), (eval.main, ["predict"]), (attention.main, []), (export.main, []),
+                   (chunks.main, [])):
     with contextlib.redirect_stdout(io.StringIO()) as help, contextlib.suppress(SystemExit):
         main([*args, "--help"])
     assert "usage:" in help.getvalue(), help.getvalue()
