@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import command_error, make_folders
+import torch
+from helpers import command_error, make_folders, tiny_args
 
 pytest.importorskip("litdata")
 
@@ -44,10 +45,9 @@ def test_the_chunks_hold_every_file_as_it_is_with_its_label(tmp_path, capsys):
 def test_classes_given_set_the_labels(tmp_path):
     root = make_folders(tmp_path / "data", per_class={"train": 2})
     manifest = write_chunks(root, tmp_path / "chunks", classes=["cat", "ant", "bee"])
-    assert manifest["classes"] == ["cat", "ant", "bee"] and list(manifest["images"]) == ["train"]
-    assert sorted(streamed(tmp_path / "chunks" / "train")) == sorted(
-        files_of(root / "train", ["cat", "ant", "bee"])
-    )
+    assert manifest["classes"] == ["cat", "ant", "bee"] and list(manifest["images"]) == ["train", "val"]
+    found = streamed(tmp_path / "chunks" / "train") + streamed(tmp_path / "chunks" / "val")
+    assert sorted(found) == sorted(files_of(root / "train", ["cat", "ant", "bee"]))
 
 
 def test_a_bad_image_is_named_or_skipped(tmp_path, capsys):
@@ -58,9 +58,11 @@ def test_a_bad_image_is_named_or_skipped(tmp_path, capsys):
     assert status == 1 and f"cannot read image {bad}" in error and "--on_bad_file skip" in error
     assert not (tmp_path / "chunks").exists()
     manifest = write_chunks(root, tmp_path / "chunks", on_bad_file="skip")
-    assert manifest["images"]["train"] == 8 and manifest["skipped"]["train"][0].startswith(str(bad))
+    assert manifest["images"]["train"] + manifest["images"]["val"] == 8
+    assert manifest["skipped"]["train"][0].startswith(str(bad))
     assert "warning: skipped 1 unreadable files" in capsys.readouterr().out
-    assert bad.read_bytes() not in {image for image, _ in streamed(tmp_path / "chunks" / "train")}
+    kept = streamed(tmp_path / "chunks" / "train") + streamed(tmp_path / "chunks" / "val")
+    assert bad.read_bytes() not in {image for image, _ in kept}
 
 
 @pytest.mark.parametrize(
@@ -100,19 +102,83 @@ def test_a_chunk_folder_of_another_format_or_none_is_refused(tmp_path):
 def test_a_run_stopped_while_writing_leaves_no_folder(tmp_path, monkeypatch):
     """The chunks go to a hidden folder first: a failure in the middle (here: the second split)
     removes it, and `out` never appears."""
-    import litdata
+    import vit.streaming
 
-    root = make_folders(tmp_path / "data", per_class={"train": 2, "test": 1})
-    real, calls = litdata.optimize, []
+    root = make_folders(tmp_path / "data", per_class={"train": 4, "test": 1})
+    real, calls = vit.streaming.write_split, []
 
-    def fail_second(*args, **kwargs):
-        calls.append(kwargs["output_dir"])
-        if len(calls) == 2:
+    def fail_third(folder, *args):
+        calls.append(folder)
+        if len(calls) == 3:  # train, val (held out), then test
             raise OSError("disk full")
-        return real(*args, **kwargs)
+        return real(folder, *args)
 
-    monkeypatch.setattr(litdata, "optimize", fail_second)
+    monkeypatch.setattr(vit.streaming, "write_split", fail_third)
     with pytest.raises(OSError, match="disk full"):
         write_chunks(root, tmp_path / "chunks")
-    assert Path(calls[0]).parent.name.startswith(".chunks.partial")
+    assert [folder.name for folder in calls] == ["train", "val", "test"]
+    assert calls[0].parent.name.startswith(".chunks.partial") and calls[0].parent.parent == tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_without_a_val_folder_the_val_chunks_are_held_out_of_train(tmp_path):
+    root = make_folders(tmp_path / "data", per_class={"train": 10})
+    manifest = write_chunks(root, tmp_path / "chunks", val_size=0.2, seed=3)
+    assert manifest["images"] == {"train": 24, "val": 6} and "val_size 0.2, seed 3" in manifest["val"]
+    train, val = (set(streamed(tmp_path / "chunks" / s)) for s in ("train", "val"))
+    assert not train & val and train | val == set(files_of(root / "train", manifest["classes"]))
+
+
+def test_streamed_splits_are_the_folders_prepared_as_image_folders_prepares_them(tmp_path):
+    """The same pixels and labels as `ImageFolders` reads from the files (compared as sorted
+    pairs: the chunks keep their own order), and uint8 batches out of the training loader."""
+    from vit.datamodules import ImageFolders
+    from vit.streaming import StreamingImages
+
+    root = make_folders(tmp_path / "data", per_class={"train": 4, "val": 2, "test": 3})
+    write_chunks(root, tmp_path / "chunks")
+    options = dict(image_size=12, channels=1, resize="center_crop", batch_size=4)
+    folders, chunks = ImageFolders(str(root), **options), StreamingImages(str(tmp_path / "chunks"), **options)
+    assert chunks.classes == folders.classes and chunks.preparation == folders.preparation
+
+    def pairs(split):
+        return sorted(zip(split.labels.tolist(), split.images.flatten(1).tolist(), strict=True))
+
+    for name in ("val", "test"):
+        assert pairs(chunks.split(name)) == pairs(folders.split(name))
+    batches = list(chunks.train_dataloader())
+    assert [len(labels) for _, labels in batches] == [4, 4, 4]  # 12 images, full batches
+    images = torch.cat([images for images, _ in batches])
+    labels = torch.cat([labels for _, labels in batches])
+    assert images.dtype == torch.uint8 and images.shape == (12, 1, 12, 12)
+    train = folders.split("train")
+    assert sorted(zip(labels.tolist(), images.flatten(1).tolist(), strict=True)) == sorted(
+        zip(train.labels.tolist(), train.images.flatten(1).tolist(), strict=True)
+    )
+
+
+def test_vit_train_fits_on_streamed_chunks_and_vit_eval_reads_them(tmp_path):
+    from vit.commands import eval, train
+
+    root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
+    write_chunks(root, tmp_path / "chunks")
+    runs = tmp_path / "runs"
+    data = ["--data", "vit.streaming.StreamingImages", "--data.root", str(tmp_path / "chunks")]
+    train.main(["fit", *tiny_args(runs, *data, "--data.image_size", "16", "--data.batch_size", "8")])
+    ckpt = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    recorded = torch.load(ckpt, weights_only=True)["datamodule_hyper_parameters"]
+    assert recorded["_class_path"] == "vit.streaming.StreamingImages"
+    assert recorded["classes"] == ["ant", "bee", "cat"]
+    eval.main(["--ckpt", ckpt, "--datamodule", "vit.streaming.StreamingImages", "--out", tmp_path / "eval"])
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["num_images"] == 6 and metrics["data_module"] == "StreamingImages"
+    from vit.streaming import StreamingImages
+
+    with pytest.raises(
+        ValueError, match=r"have the classes \['ant', 'bee', 'cat'\], not \['bee', 'ant', 'cat'\]"
+    ):
+        StreamingImages(str(tmp_path / "chunks"), classes=["bee", "ant", "cat"])  # another checkpoint's
+    root = make_folders(tmp_path / "train only", per_class={"train": 2})
+    write_chunks(root, tmp_path / "train only chunks")
+    with pytest.raises(FileNotFoundError, match="train only chunks have no test split"):
+        StreamingImages(str(tmp_path / "train only chunks")).test_dataloader()

@@ -1,33 +1,37 @@
 """Image folders as streaming chunks (litdata): for data that outgrows memory.
 
 `write_chunks(root, out)` reads the folder tree `ImageFolders` reads (`root/train/<class>/*`, and
-`root/val/`, `root/test/` with the same class folders) and writes, per split, `out/<split>/`: the
-chunks of `litdata.optimize`, each item an image file's bytes as they are on disk (JPEG stays
-JPEG: no decoded pixels, so the chunks are about the size of the files) and its label; and
-`out/vit.json`: the format, the classes in label order, each split's image count and the files
-skipped. Every file is decoded once first, by a few threads with a progress bar, so that a corrupt
-or truncated image is named in one line (`on_bad_file: error`) or left out and listed
-(`skip`) before anything is written. The chunks are written into a hidden folder beside `out`
-and renamed to `out` when complete: a run stopped at any moment leaves no `out`.
+`root/val/`, `root/test/` with the same class folders) and writes, per split, `out/<split>/`:
+litdata's chunks (its `BinaryWriter`, the format `litdata.optimize` writes), each item an image
+file's bytes as they are on disk (JPEG stays JPEG: no decoded pixels, so the chunks are about the
+size of the files) and its label; and `out/vit.json`: the format, the classes in label order, each
+split's image count and the files skipped. Every file is decoded once first, by a few threads with a
+progress bar, so that a corrupt or truncated image is named in one line (`on_bad_file: error`) or
+left out and listed (`skip`) before anything is written. The chunks are written into a hidden folder
+beside `out` and renamed to `out` when complete: a run stopped at any moment leaves no `out`.
 
 `read_manifest(out)` reads `vit.json` back and refuses a folder written in another format.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
+import torch
 from PIL import Image
 from tqdm import tqdm
 
+from vit.datamodules import ImageDataModule, holdout
 from vit.decode import DECODE_THREADS, check_same_classes, class_folders, list_images
-from vit.errors import DataError, DataNotFoundError, UsageError, one_line
-from vit.preparation import BAD_IMAGE
+from vit.errors import DataError, DataNotFoundError, UsageError, one_line, require
+from vit.preparation import BAD_IMAGE, Preparation, to_float
 
 FORMAT = "vit-chunks-1"  # what vit.json says; a reader refuses another
 SPLITS = ("train", "val", "test")
@@ -63,10 +67,18 @@ def readable(files: list[str], on_bad_file: str, desc: str) -> tuple[list[int], 
     return good, bad
 
 
-def _item(entry: tuple[str, int]) -> dict:
-    path, label = entry
-    with open(path, "rb") as f:
-        return {"image": f.read(), "label": label}
+def write_split(folder: Path, entries: list[tuple[str, int]], chunk_bytes: int | str) -> None:
+    """The files of `entries` (path, label), their bytes as they are, as litdata chunks in `folder`
+    (`BinaryWriter`, in this process: the chunks, then their index.json)."""
+    from litdata.streaming.writer import BinaryWriter
+
+    folder.mkdir(parents=True)
+    writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
+    for i, (path, label) in enumerate(entries):
+        with open(path, "rb") as f:
+            writer[i] = {"image": f.read(), "label": label}
+    writer.done()
+    writer.merge()
 
 
 def write_chunks(
@@ -75,18 +87,17 @@ def write_chunks(
     classes: list[str] | None = None,
     on_bad_file: str = "error",
     chunk_bytes: int | str = "64MB",
-    workers: int = 1,
+    val_size: int | float = 0.1,
+    seed: int = 0,
 ) -> dict:
     """Write the splits of the image folders under `root` as streaming chunks into `out` (see the
     module's docstring). `classes` orders the labels (default: the sorted class folders of
-    train). Returns what `out/vit.json` holds."""
-    from litdata import optimize
-
+    train). Without `root/val/`, `val_size` training images (a count, or a fraction below 1)
+    drawn with `seed` are written as the val split instead, as `ImageFolders` holds them out.
+    Returns what `out/vit.json` holds."""
     root, out = Path(root).expanduser(), Path(out).expanduser()
     if on_bad_file not in ("error", "skip"):
         raise UsageError(f"on_bad_file={on_bad_file!r} must be 'error' or 'skip'")
-    if workers < 1:
-        raise UsageError(f"workers={workers} must be at least 1")
     if out.exists():
         raise UsageError(f"{out} already exists; remove it, or write the chunks to another folder")
     train = root / "train"
@@ -96,7 +107,9 @@ def write_chunks(
     splits = [name for name in SPLITS if (root / name).is_dir()]
     for name in splits:
         check_same_classes(root / name, classes, train)
-    manifest = {"format": FORMAT, "classes": classes, "images": {}, "skipped": {}}
+    held_out = "val" not in splits
+    val_from = "folder" if not held_out else f"held out of train: val_size {val_size}, seed {seed}"
+    manifest = {"format": FORMAT, "classes": classes, "images": {}, "skipped": {}, "val": val_from}
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     started = time.perf_counter()
     try:
@@ -108,9 +121,14 @@ def write_chunks(
             if not good:
                 raise DataError(f"no readable images in {root / name}")
             entries = [(files[i], int(labels[i])) for i in good]
-            optimize(_item, entries, output_dir=str(partial / name), chunk_bytes=chunk_bytes,
-                     num_workers=workers, mode="overwrite", verbose=False)  # fmt: skip
-            manifest["images"][name], manifest["skipped"][name] = len(entries), bad
+            parts = {name: entries}
+            if name == "train" and held_out:
+                train, val = holdout(len(entries), val_size, seed)
+                parts = {"train": [entries[i] for i in train], "val": [entries[i] for i in val]}
+            for part, items in parts.items():
+                write_split(partial / part, items, chunk_bytes)
+                manifest["images"][part] = len(items)
+            manifest["skipped"][name] = bad
             if bad:
                 print(f"warning: skipped {len(bad)} unreadable files in {root / name}, the first: {bad[0]}")
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -140,3 +158,98 @@ def read_manifest(folder: str | Path) -> dict:
             f"write them again with vit-chunks"
         )
     return manifest
+
+
+class Decode:
+    """An item of the chunks -> (uint8 image (C, H, W) prepared with `preparation`, label): what
+    the loader's workers run on each item."""
+
+    def __init__(self, preparation: Preparation):
+        self.preparation = preparation
+
+    def __call__(self, item: dict) -> tuple[torch.Tensor, int]:
+        with Image.open(io.BytesIO(bytes(item["image"]))) as image:
+            return self.preparation.pixels(image), int(item["label"])
+
+
+class StreamingImages(ImageDataModule):
+    """The chunks `vit-chunks` wrote (`root/train/`, `val/`, `test/`, `vit.json`), streamed: the
+    loaders read the chunks through litdata (`StreamingDataset`, `StreamingDataLoader`: shuffled
+    per epoch, sharded across processes and machines) and decode each image in the loader's
+    workers (`num_workers`), prepared as `ImageFolders` prepares files (`image_size`, `channels`,
+    `resize`); the classes are the chunks'. Nothing is held in memory for training; the batches
+    are augmented on the device as the other data modules' are. `split(name)` (what the
+    evaluation commands read) decodes that whole split into memory.
+    """
+
+    has_val_split = True  # vit-chunks writes one (held out of train where the folders had none)
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int = 32,
+        channels: int = 3,
+        resize: str = "stretch",
+        classes: list[str] | None = None,  # a checkpoint's: the chunks must have these classes, in order
+        **kwargs,
+    ):
+        require(image_size >= 1, f"image_size={image_size} must be at least 1")
+        preparation = self.preparation_for({"image_size": image_size, "channels": channels, "resize": resize})
+        manifest = read_manifest(root)
+        if classes is not None and list(classes) != manifest["classes"]:
+            raise DataError(
+                f"the chunks in {root} have the classes {manifest['classes']}, not {list(classes)}"
+            )
+        preparation = replace(preparation, classes=manifest["classes"])
+        super().__init__(root, preparation=preparation, val_size=1, **kwargs)
+        self.save_hyperparameters()
+        self.hparams["classes"] = self.classes
+        self.manifest = manifest
+
+    @classmethod
+    def preparation_for(cls, hparams: dict) -> Preparation:
+        return Preparation(
+            channels=hparams.get("channels", 3),
+            size=hparams.get("image_size", 32),
+            resize=hparams.get("resize", "stretch"),
+            classes=hparams.get("classes") or (),
+        )
+
+    def dataset(self, name: str, shuffle: bool = False):
+        from litdata import StreamingDataset
+
+        if name not in self.manifest["images"]:
+            raise DataNotFoundError(f"the chunks in {self.root} have no {name} split")
+        return StreamingDataset(str(self.root / name), shuffle=shuffle, seed=self.seed,
+                                transform=Decode(self.preparation))  # fmt: skip
+
+    def loader(self, name: str, shuffle: bool = False):
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(self.dataset(name, shuffle), batch_size=self.batch_size,
+                                   num_workers=self.num_workers, drop_last=shuffle)  # fmt: skip
+
+    def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = [], []
+        for batch_images, batch_labels in self.loader(name):
+            images.append(batch_images)
+            labels.append(batch_labels)
+        return torch.cat(images), torch.cat(labels).long()
+
+    def setup(self, stage: str) -> None:
+        pass  # the loaders stream; nothing to read first
+
+    def train_dataloader(self):
+        return self.loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self.loader("val")
+
+    def test_dataloader(self):
+        return self.loader("test")
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        images, labels = batch
+        if self.trainer is not None and self.trainer.training:
+            return self.augment(images, labels.long())
+        return to_float(images), labels.long()

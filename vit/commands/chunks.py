@@ -18,12 +18,10 @@ from pathlib import Path
 from vit.commands.base import Parser, run_command
 
 
-def chunks(
-    root: str | Path, out: str | Path, classes: list[str] | None, on_bad_file: str, chunk_bytes: str
-) -> dict:
+def chunks(root: str | Path, out: str | Path, **options) -> dict:
     from vit.streaming import write_chunks
 
-    return write_chunks(root, out, classes=classes, on_bad_file=on_bad_file, chunk_bytes=chunk_bytes)
+    return write_chunks(root, out, **options)
 
 
 def parser() -> Parser:
@@ -47,12 +45,19 @@ def parser() -> Parser:
         help="an image that cannot be decoded stops the run (error) or is left out and listed (skip)",
     )  # fmt: skip
     parser.add_argument("--chunk_bytes", default="64MB", help="the size of one chunk file")
+    parser.add_argument(
+        "--val_size", type=float, default=0.1, metavar="N",
+        help="without ROOT/val/: the training images written as the val split, a fraction below 1 or a count",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="draws the held-out val images")
     return parser
 
 
 def main(args: list[str] | None = None) -> None:
     options = parser().parse_args(sys.argv[1:] if args is None else [str(a) for a in args])
-    run_command(chunks, options.root, options.out, options.classes, options.on_bad_file, options.chunk_bytes)
+    val_size = options.val_size if options.val_size < 1 else int(options.val_size)
+    run_command(chunks, options.root, options.out, classes=options.classes, on_bad_file=options.on_bad_file,
+                chunk_bytes=options.chunk_bytes, val_size=val_size, seed=options.seed)  # fmt: skip
 
 
 if __name__ == "__main__":
