@@ -12,7 +12,6 @@ import torch
 from vit import ViT
 from vit.interpret.faithfulness import (
     METHODS,
-    chunked_maps,
     default_methods,
     evidence_mass,
     randomisation_steps,
@@ -255,5 +254,5 @@ def test_maps_in_chunks_read_each_chunks_own_targets():
     images, targets = torch.rand(5, 3, 8, 12), torch.tensor([0, 1, 2, 0, 1])
     for method in ("input-gradient", "grad-rollout"):
         whole = scored_maps(model, images, method, targets)
-        chunked = chunked_maps(model, images, method, targets, batch_size=2)
+        chunked = scored_maps(model, images, method, targets, batch_size=2)
         torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-5, msg=method)  # batches round apart

@@ -77,10 +77,13 @@ PROTOCOL = {
 # ------------------------------------------------------------------------------ the maps, per patch
 
 
-def scored_maps(model: ViT, images: torch.Tensor, method: str, targets: torch.Tensor) -> torch.Tensor:
+def scored_maps(
+    model: ViT, images: torch.Tensor, method: str, targets: torch.Tensor, batch_size: int | None = None
+) -> torch.Tensor:
     """The map of `method` (one of MODEL_METHODS, as `MapSpec(method)` gives it: the last layer, every
-    head, every layer rolled out) for each image and its target class: (B, patches)."""
-    return method_maps(model, images, MapSpec(method), targets, batch_size=len(images)).flatten(1)
+    head, every layer rolled out) for each image and its target class: (B, patches), `batch_size`
+    images at a time (default: all at once)."""
+    return method_maps(model, images, MapSpec(method), targets, batch_size or len(images)).flatten(1)
 
 
 # --------------------------------------------------------------------------------- perturbation
@@ -279,14 +282,6 @@ def score(
     return results
 
 
-def chunked_maps(model: ViT, images, method: str, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """`scored_maps` of all `images`, `batch_size` at a time: (N, patches)."""
-    return torch.cat([
-        scored_maps(model, images[i : i + batch_size], method, targets[i : i + batch_size])
-        for i in range(0, len(images), batch_size)
-    ])  # fmt: skip
-
-
 def randomisation(
     model: ViT, images, trained: dict, predicted: torch.Tensor, batch_size: int, seed: int
 ) -> dict:
@@ -295,7 +290,7 @@ def randomisation(
     out: dict[str, list] = {m: [] for m in trained}
     for step, randomised in randomisation_steps(model, seed):
         for method, maps in trained.items():
-            new = chunked_maps(randomised, images, method, predicted, batch_size)
+            new = scored_maps(randomised, images, method, predicted, batch_size)
             out[method].append({"step": step, **interval(spearman(maps, new), seed=seed)})
     return out
 
@@ -305,9 +300,7 @@ def target_sensitivity(
 ) -> dict:
     """Per method, the rank correlation of its maps for the predicted and the runner-up class."""
     return {
-        method: interval(
-            spearman(maps, chunked_maps(model, images, method, runner_up, batch_size)), seed=seed
-        )
+        method: interval(spearman(maps, scored_maps(model, images, method, runner_up, batch_size)), seed=seed)
         for method, maps in trained.items()
     }
 
