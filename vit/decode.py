@@ -8,6 +8,7 @@ import hashlib
 import os
 import struct
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -63,19 +64,23 @@ def list_images(folder: Path, classes: list[str]) -> tuple[list[str], torch.Tens
     return files, torch.tensor(labels, dtype=torch.int64), digest.hexdigest()
 
 
-def decode_images(
-    files: list[str], preparation: Preparation, on_bad_file: str, desc: str
-) -> tuple[torch.Tensor, list[int], list[str]]:
-    """Decode `files` into uint8 (N, C, H, W) with `preparation`, by a few threads with a progress
-    bar. Returns the images, the indices of the files that could not be read, and why."""
-    images = torch.empty(len(files), preparation.channels, *preparation.size, dtype=torch.uint8)
+def open_each(
+    files: list[str],
+    read: Callable[[int, Image.Image], object],
+    on_bad_file: str,
+    desc: str,
+    skip_hint: str = "on_bad_file=skip",
+) -> list[tuple[int, str]]:
+    """Open each of `files` and call `read(index, image)` on it, by a few threads with a progress
+    bar. Returns (index, why) of each file that could not be read; with `on_bad_file` "error" the
+    first one stops it with one line naming the file (and `skip_hint`, the option that skips)."""
 
-    def decode(chunk: range) -> list[tuple[int, str]]:
+    def read_chunk(chunk: range) -> list[tuple[int, str]]:
         bad = []
         for i in chunk:
             try:
                 with Image.open(files[i]) as image:
-                    images[i] = preparation.pixels(image)
+                    read(i, image)
             except BAD_IMAGE as e:
                 bad.append((i, f"{type(e).__name__}: {one_line(e)}"))
         return bad
@@ -83,15 +88,29 @@ def decode_images(
     chunks = [range(i, min(i + 256, len(files))) for i in range(0, len(files), 256)]
     bad: list[tuple[int, str]] = []
     with ThreadPoolExecutor(DECODE_THREADS) as pool, tqdm(total=len(files), desc=desc, unit="img") as bar:
-        for chunk, failed in zip(chunks, pool.map(decode, chunks), strict=True):
+        for chunk, failed in zip(chunks, pool.map(read_chunk, chunks), strict=True):
             bar.update(len(chunk))
             bad += failed
             if bad and on_bad_file == "error":
                 pool.shutdown(cancel_futures=True)
                 index, reason = bad[0]
                 raise DataError(
-                    f"cannot read image {files[index]} ({reason}); remove it, or pass on_bad_file=skip"
+                    f"cannot read image {files[index]} ({reason}); remove it, or pass {skip_hint}"
                 )
+    return bad
+
+
+def decode_images(
+    files: list[str], preparation: Preparation, on_bad_file: str, desc: str
+) -> tuple[torch.Tensor, list[int], list[str]]:
+    """Decode `files` into uint8 (N, C, H, W) with `preparation`, by a few threads with a progress
+    bar. Returns the images, the indices of the files that could not be read, and why."""
+    images = torch.empty(len(files), preparation.channels, *preparation.size, dtype=torch.uint8)
+
+    def decode(i: int, image: Image.Image) -> None:
+        images[i] = preparation.pixels(image)
+
+    bad = open_each(files, decode, on_bad_file, desc)
     return images, [i for i, _ in bad], [reason for _, reason in bad]
 
 

@@ -20,51 +20,29 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from PIL import Image
-from tqdm import tqdm
 
-from vit.datamodules import ImageDataModule, holdout
-from vit.decode import DECODE_THREADS, check_same_classes, class_folders, list_images
+from vit.datamodules import ImageDataModule, ImageFolders, holdout
+from vit.decode import check_same_classes, class_folders, list_images, open_each
 from vit.errors import DataError, DataNotFoundError, UsageError, one_line, require
-from vit.preparation import BAD_IMAGE, Preparation, to_float
+from vit.preparation import Preparation, to_float
 
 FORMAT = "vit-chunks-1"  # what vit.json says; a reader refuses another
 SPLITS = ("train", "val", "test")
 MANIFEST = "vit.json"
 
 
-def check_image(path: str) -> str | None:
-    """Why the image file at `path` cannot be decoded, or None when it can."""
-    try:
-        with Image.open(path) as image:
-            image.load()  # the whole file: a truncated JPEG fails here, not at open
-    except BAD_IMAGE as e:
-        return f"{type(e).__name__}: {one_line(e)}"
-    return None
-
-
 def readable(files: list[str], on_bad_file: str, desc: str) -> tuple[list[int], list[str]]:
     """The indices of `files` that decode, and the files that do not (with why); with
     `on_bad_file` "error" the first bad file stops it with one line naming it."""
-    good, bad = [], []
-    with ThreadPoolExecutor(DECODE_THREADS) as pool, tqdm(total=len(files), desc=desc, unit="img") as bar:
-        for i, reason in enumerate(pool.map(check_image, files, chunksize=64)):
-            bar.update()
-            if reason is None:
-                good.append(i)
-                continue
-            if on_bad_file == "error":
-                pool.shutdown(cancel_futures=True)
-                raise DataError(
-                    f"cannot read image {files[i]} ({reason}); remove it, or pass --on_bad_file skip"
-                )
-            bad.append(f"{files[i]} ({reason})")
-    return good, bad
+    # image.load() decodes the whole file: a truncated JPEG fails there, not when it is opened
+    bad = open_each(files, lambda i, image: image.load(), on_bad_file, desc, "--on_bad_file skip")
+    skipped = {i for i, _ in bad}
+    return [i for i in range(len(files)) if i not in skipped], [f"{files[i]} ({reason})" for i, reason in bad]
 
 
 def write_split(folder: Path, entries: list[tuple[str, int]], chunk_bytes: int | str) -> None:
@@ -208,12 +186,7 @@ class StreamingImages(ImageDataModule):
 
     @classmethod
     def preparation_for(cls, hparams: dict) -> Preparation:
-        return Preparation(
-            channels=hparams.get("channels", 3),
-            size=hparams.get("image_size", 32),
-            resize=hparams.get("resize", "stretch"),
-            classes=hparams.get("classes") or (),
-        )
+        return ImageFolders.preparation_for(hparams)  # the same options, prepared the same way
 
     def dataset(self, name: str, shuffle: bool = False):
         from litdata import StreamingDataset
