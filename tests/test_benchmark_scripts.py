@@ -112,3 +112,17 @@ def test_step_profile_puts_every_operator_in_one_kind(capsys):
     assert kinds["matmul"] > 0 and kinds["optimizer"] > 0
     assert 0 < sum(kinds.values()) <= result["wall"] * 1.05  # own times: no operator counted twice
     assert "step, wall" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_streaming_speed_benchmark_smoke(capsys):
+    pytest.importorskip("litdata")
+    from benchmarks.streaming import main
+
+    results = main(["speed", "--smoke"])
+    assert set(results) == {16}
+    figures = results[16]
+    assert len(figures) == 4 and all(value > 0 for name, value in figures.items() if "decode" not in name)
+    out = capsys.readouterr().out
+    assert "16 px, 12 JPEGs, batches of 4: images/s out of the training loader" in out
+    assert "streaming (StreamingImages, 2 workers)" in out and "machine: " in out

@@ -521,3 +521,33 @@ def test_a_training_loader_restored_mid_epoch_gives_the_rest_of_the_epoch_and_wh
     assert labels(second) + [torch.rand(2).tolist()] == rest
     assert labels(second) == following
     assert len({i for b in labels(seen) + rest[:-1] for i in b}) == 64  # the epoch: each image once
+
+
+@pytest.mark.parametrize("resize", ["stretch", "center_crop"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_tensor_pixels_are_pillows_pixels_to_within_one_level(resize, channels):
+    """`Preparation.tensor_pixels` (for images decoded as tensors, on a GPU too) against Pillow's
+    `pixels`, on noise, the hardest case for a resampler: pictures larger and smaller than the
+    output, square and not, crop boxes that fall between pixels, with and without a border."""
+    noise = torch.Generator().manual_seed(0)
+    sizes = [(32, 32), (48, 40), (21, 29), (64, 51), (7, 5), (100, 33)]  # (width, height)
+    outputs = [(32, 32), (20, 36), (36, 20), (9, 9), (64, 80)]  # (height, width)
+    for (w, h), size, pad in zip(sizes * 5, [s for s in outputs for _ in sizes], [0, 2] * 15, strict=True):
+        array = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=noise).numpy()
+        picture = Image.fromarray(array).convert("RGB" if channels == 3 else "L")
+        preparation = Preparation(channels, size, resize, pad=pad if min(size) > 4 else 0)
+        tensor = torch.from_numpy(np.array(picture)).reshape(h, w, channels).permute(2, 0, 1)
+        got, expected = preparation.tensor_pixels(tensor), preparation.pixels(picture)
+        assert got.dtype == torch.uint8 and got.shape == expected.shape == (channels, *size)
+        difference = (got.int() - expected.int()).abs()
+        assert difference.max() <= 1, ((w, h), size, pad)
+    same = torch.randint(0, 256, (channels, 32, 32), dtype=torch.uint8, generator=noise)
+    picture = Image.fromarray(same.permute(1, 2, 0).squeeze(-1).numpy())
+    for size in [(20, 32), (32, 45), (32, 9)] if resize == "stretch" else []:  # one side already the size:
+        preparation = Preparation(channels, size)  # one pass, and then Pillow's very pixels
+        assert torch.equal(preparation.tensor_pixels(same), preparation.pixels(picture))
+    assert torch.equal(Preparation(channels, 32, resize).tensor_pixels(same), same)  # the size already
+    rgb = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=noise)
+    rgb_picture, gray_picture = Image.fromarray(rgb.permute(1, 2, 0).numpy()), Image.fromarray(rgb[0].numpy())
+    assert torch.equal(Preparation(1, 32).tensor_pixels(rgb), Preparation(1, 32).pixels(rgb_picture))  # luma
+    assert torch.equal(Preparation(3, 32).tensor_pixels(rgb[:1]), Preparation(3, 32).pixels(gray_picture))

@@ -36,6 +36,7 @@ from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.errors import UsageError, one_line
 from vit.preparation import Preparation
 from vit.pretrained import load_source
+from vit.streaming import StreamingImages
 from vit.two_circles import TwoCircles
 
 # Models a checkpoint may name, by the class path LightningCLI records (either spelling);
@@ -55,6 +56,7 @@ DATAMODULES: dict[str, type[L.LightningDataModule]] = {
         for cls in (CIFAR10, ImageFolders, FashionMNIST)
         for module in ("vit", "vit.datamodules")
     },
+    "vit.streaming.StreamingImages": StreamingImages,
 }
 
 

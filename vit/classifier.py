@@ -126,7 +126,7 @@ def compile_now(classifier: Classifier) -> None:
     start = time.perf_counter()
     buffers = [b.clone() for b in network.buffers()]
     batch = datamodule.batch_size
-    val = len(datamodule.split("val").labels)
+    val = len(datamodule.split("val"))
     with trainer.precision_plugin.forward_context():
         images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device))
         network.train()

@@ -55,13 +55,19 @@ def collect_probabilities(
     if len(dataset) == 0:
         raise ValueError(f"the {desc} holds no images")
     model = model.to(device).eval()
-    probabilities, labels = [], []
+    probabilities, labels = None, torch.empty(len(dataset), dtype=torch.long)
     starts = range(0, len(dataset), batch_size)
     for start in tqdm(starts, desc=desc, unit="batch", disable=not progress, file=sys.stderr):
         images, targets = dataset[start : start + batch_size]
-        probabilities.append(predict_probabilities(model, images.to(device), tta).cpu())
-        labels.append(targets)
-    return torch.cat(probabilities), torch.cat(labels)
+        batch = predict_probabilities(model, images.to(device), tta).cpu()
+        if probabilities is None:
+            # one tensor written batch by batch: a small tensor kept per batch would sit among the
+            # batches' freed memory and keep the allocator from giving it back, and a streamed
+            # split's evaluation would grow with the split
+            probabilities = torch.empty(len(dataset), batch.shape[1])
+        probabilities[start : start + len(batch)] = batch
+        labels[start : start + len(batch)] = targets
+    return probabilities, labels
 
 
 def reliability_bins(

@@ -94,6 +94,59 @@ class Preparation:
         pixels = pixels.view(height, width, self.channels).permute(2, 0, 1)
         return F.pad(pixels, (self.pad,) * 4) if self.pad else pixels
 
+    def tensor_pixels(self, image: torch.Tensor) -> torch.Tensor:
+        """A decoded image, uint8 (C, h, w), grayscale or RGB, on any device ->
+        uint8 (C, H, W) on that device: Pillow's resampling in `pixels`, in its fixed-point
+        arithmetic, as two matrix products (rows, then columns, each rounded to 8 bits). The same
+        pixels where one pass is needed; within one level where Pillow takes the columns first."""
+        height, width = (s - 2 * self.pad for s in self.size)
+        if image.shape[0] == 3 and self.channels == 1:  # Pillow's "L": ITU-R 601-2 luma, 16-bit fixed point
+            weights = torch.tensor([19595, 38470, 7471], device=image.device)
+            image = (
+                (image.int() * weights[:, None, None]).sum(0, keepdim=True) + 0x8000
+            ).bitwise_right_shift(16)
+            image = image.to(torch.uint8)
+        elif image.shape[0] == 1 and self.channels == 3:
+            image = image.expand(3, -1, -1)
+        h, w = image.shape[-2:]
+        if (h, w) != (height, width):
+            left, top, right, bottom = 0.0, 0.0, float(w), float(h)
+            if self.resize == "center_crop":  # ImageOps.fit's centred box of the output's shape
+                ratio = width / height
+                crop_w, crop_h = (
+                    (w, h) if w / h == ratio else (ratio * h, h) if w / h > ratio else (w, w / ratio)
+                )
+                left, top = (w - crop_w) / 2, (h - crop_h) / 2
+                # Pillow's C code holds the box in single precision
+                left, top, right, bottom = torch.tensor([left, top, left + crop_w, top + crop_h]).tolist()
+            pixels = image.double()  # exact: 8-bit pixels times 22-bit weights, summed
+            if (w, left, right) != (width, 0, w):  # Pillow resamples rows first, rounded to 8 bits
+                pixels = (pixels @ bilinear_weights(w, left, right, width, image.device).T).add_(0.5).floor_()
+            if (h, top, bottom) != (height, 0, h):
+                pixels = (bilinear_weights(h, top, bottom, height, image.device) @ pixels).add_(0.5).floor_()
+            image = pixels.clamp_(0, 255).to(torch.uint8)
+        return F.pad(image, (self.pad,) * 4) if self.pad else image
+
+
+def bilinear_weights(size: int, start: float, end: float, out: int, device: torch.device) -> torch.Tensor:
+    """(out, size) weights of Pillow's bilinear resampling of the span [start, end) of a line of
+    `size` pixels into `out` pixels (Pillow's Resample.c): output pixel i is centred at
+    start + (i + 0.5) * scale on the input; a triangle filter of half-width 1, widened by the
+    scale when it shrinks (which is its antialiasing), weighs the input pixels of its window;
+    each row sums to 1 and, as Pillow does for 8-bit images, is rounded to multiples of 2^-22."""
+    scale = (
+        torch.tensor(end) - torch.tensor(start)
+    ).item() / out  # the difference in single precision, as Pillow
+    support = max(scale, 1.0)
+    centre = start + (torch.arange(out, device=device, dtype=torch.float64) + 0.5) * scale
+    x = torch.arange(size, device=device, dtype=torch.float64)
+    low = (centre - support + 0.5).trunc().clamp(min=0)[:, None]
+    high = (centre + support + 0.5).trunc().clamp(max=size)[:, None]
+    weights = (1 - ((x - centre[:, None] + 0.5) * (1 / support)).abs()).clamp(min=0) * (
+        (x >= low) & (x < high)
+    )
+    return (weights / weights.sum(1, keepdim=True) * 2**22 + 0.5).floor() / 2**22
+
 
 def to_float(images: torch.Tensor) -> torch.Tensor:
     """uint8 pixels -> float32 in [0, 1], the form every model input takes (float stays as it is)."""

@@ -11,6 +11,11 @@ left out and listed (`skip`) before anything is written. The chunks are written 
 beside `out` and renamed to `out` when complete: a run stopped at any moment leaves no `out`.
 
 `read_manifest(out)` reads `vit.json` back and refuses a folder written in another format.
+
+`StreamingImages` trains on the chunks: litdata streams them (sharded across processes, resumable
+mid-epoch: `resumable_loader`), and each image is decoded in the loader's workers (`Decode`) or,
+with `decode="device"`, each batch of JPEG files on the device it goes to (`decode_batch`). The
+evaluation commands read a split through `StreamedSplit`, which decodes what they ask for.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
 from vit.datamodules import ImageDataModule, ImageFolders, holdout
 from vit.decode import check_same_classes, class_folders, list_images, open_each
@@ -150,14 +157,93 @@ class Decode:
             return self.preparation.pixels(image), int(item["label"])
 
 
+class Encoded:
+    """An item of the chunks -> (the file's bytes as a 1-D uint8 tensor, label): what the loader's
+    workers hand on when the batches are decoded on the device (`decode_batch`)."""
+
+    def __call__(self, item: dict) -> tuple[torch.Tensor, int]:
+        return torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8), int(item["label"])
+
+
+def encoded_batch(items: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """collate_fn of encoded items: the files' bytes as a list (their lengths differ), the labels."""
+    files, labels = zip(*items, strict=True)
+    return list(files), torch.tensor(labels)
+
+
+def decode_batch(files: list[torch.Tensor], preparation: Preparation, device: torch.device) -> torch.Tensor:
+    """JPEG files' bytes (1-D uint8 tensors on the CPU) -> uint8 images (B, C, H, W) on `device`,
+    decoded there as one batch (torchcodec's `decode_jpeg`: nvJPEG on a GPU) and prepared there
+    as `preparation` says (`Preparation.tensor_pixels`: Pillow's resampling, to within one level)."""
+    from torchcodec.decoders import decode_jpeg
+
+    not_jpeg = [i for i, data in enumerate(files) if bytes(data[:3]) != b"\xff\xd8\xff"]
+    if not_jpeg:
+        raise DataError(
+            f"decode='device' reads JPEG files only, and {len(not_jpeg)} of this batch are not; "
+            f"decode them in the loader's workers (decode='workers')"
+        )
+    # RGB, then Pillow's grayscale where one channel is asked for: the JPEG's own luma is a level or two off
+    images = decode_jpeg(files, mode="RGB", device=device)
+    return torch.stack([preparation.tensor_pixels(image) for image in images])
+
+
+class StreamedSplit(Dataset):
+    """A split of the chunks read on demand, for the evaluation commands: `split[i]`,
+    `split[start:stop]` or `split[indices]` decodes those images alone and returns them as
+    `InMemory` does, float32 in [0, 1] ready for the model, with their labels. A command that
+    walks the split in batches holds one batch of pixels at a time, whatever the split's size."""
+
+    def __init__(self, folder: Path, preparation: Preparation):
+        from litdata import StreamingDataset
+
+        self.items = StreamingDataset(str(folder))
+        self.decode = Decode(preparation)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(index, int):
+            image, label = self.decode(self.items[index])
+            return to_float(image), torch.tensor(label)
+        indices = range(len(self))[index] if isinstance(index, slice) else torch.as_tensor(index).tolist()
+        images, labels = zip(*(self.decode(self.items[i]) for i in indices), strict=True)
+        return to_float(torch.stack(images)), torch.tensor(labels)
+
+
+def resumable_loader(dataset, **kwargs):
+    """litdata's `StreamingDataLoader` over `dataset`, resumable mid-epoch: Lightning puts its
+    `state_dict()` (the epoch, the samples yielded) in every checkpoint and hands it back to
+    `load_state_dict` when a run resumes, and the loader then goes on with the samples of that
+    epoch it had not yielded. litdata starts a new epoch afresh only when the previous epoch's
+    iterator ran out, and Lightning stops reading an epoch at its known length without asking for
+    the item after the last: so here every epoch but the one just resumed starts from its
+    beginning."""
+    from litdata import StreamingDataLoader
+
+    class Loader(StreamingDataLoader):
+        resumed = False  # a state was loaded, and its epoch has not begun yet
+
+        def load_state_dict(self, state: dict) -> None:
+            super().load_state_dict(state)
+            self.resumed = self.restore
+
+        def __iter__(self):
+            self.restore, self.resumed = self.resumed, False
+            yield from super().__iter__()
+
+    return Loader(dataset, **kwargs)
+
+
 class StreamingImages(ImageDataModule):
     """The chunks `vit-chunks` wrote (`root/train/`, `val/`, `test/`, `vit.json`), streamed: the
     loaders read the chunks through litdata (`StreamingDataset`, `StreamingDataLoader`: shuffled
     per epoch, sharded across processes and machines) and decode each image in the loader's
     workers (`num_workers`), prepared as `ImageFolders` prepares files (`image_size`, `channels`,
-    `resize`); the classes are the chunks'. Nothing is held in memory for training; the batches
-    are augmented on the device as the other data modules' are. `split(name)` (what the
-    evaluation commands read) decodes that whole split into memory.
+    `resize`); the classes are the chunks'. No split is held in memory: the batches are augmented
+    on the device as the other data modules' are, and `split(name)` (what the evaluation commands
+    read) is a `StreamedSplit`, which decodes the images a command asks for when it asks.
     """
 
     has_val_split = True  # vit-chunks writes one (held out of train where the folders had none)
@@ -169,9 +255,11 @@ class StreamingImages(ImageDataModule):
         channels: int = 3,
         resize: str = "stretch",
         classes: list[str] | None = None,  # a checkpoint's: the chunks must have these classes, in order
+        decode: Literal["workers", "device"] = "workers",  # device: JPEG batches decoded on the GPU
         **kwargs,
     ):
         require(image_size >= 1, f"image_size={image_size} must be at least 1")
+        require(decode in ("workers", "device"), f"decode={decode!r} must be 'workers' or 'device'")
         preparation = self.preparation_for({"image_size": image_size, "channels": channels, "resize": resize})
         manifest = read_manifest(root)
         if classes is not None and list(classes) != manifest["classes"]:
@@ -182,7 +270,7 @@ class StreamingImages(ImageDataModule):
         super().__init__(root, preparation=preparation, val_size=1, **kwargs)
         self.save_hyperparameters()
         self.hparams["classes"] = self.classes
-        self.manifest = manifest
+        self.manifest, self.decode = manifest, decode
 
     @classmethod
     def preparation_for(cls, hparams: dict) -> Preparation:
@@ -191,23 +279,27 @@ class StreamingImages(ImageDataModule):
     def dataset(self, name: str, shuffle: bool = False):
         from litdata import StreamingDataset
 
-        if name not in self.manifest["images"]:
-            raise DataNotFoundError(f"the chunks in {self.root} have no {name} split")
-        return StreamingDataset(str(self.root / name), shuffle=shuffle, seed=self.seed,
-                                transform=Decode(self.preparation))  # fmt: skip
+        transform = Encoded() if self.decode == "device" else Decode(self.preparation)
+        return StreamingDataset(str(self.folder(name)), shuffle=shuffle, seed=self.seed, transform=transform)
 
     def loader(self, name: str, shuffle: bool = False):
-        from litdata import StreamingDataLoader
+        """Batches of split `name`; shuffled, a last partial batch is dropped, as `batches` drops
+        it, unless it is the only one."""
+        dataset = self.dataset(name, shuffle)
+        drop_last = shuffle and self.manifest["images"][name] > self.batch_size
+        collate = {"collate_fn": encoded_batch} if self.decode == "device" else {}
+        return resumable_loader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+                                drop_last=drop_last, **collate)  # fmt: skip
 
-        return StreamingDataLoader(self.dataset(name, shuffle), batch_size=self.batch_size,
-                                   num_workers=self.num_workers, drop_last=shuffle)  # fmt: skip
+    def folder(self, name: str) -> Path:
+        """The chunks of split `name`; refuses a split the chunks do not have."""
+        require(name in SPLITS, f"no split {name!r}; choose one of {', '.join(SPLITS)}")
+        if name not in self.manifest["images"]:
+            raise DataNotFoundError(f"the chunks in {self.root} have no {name} split")
+        return self.root / name
 
-    def read_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = [], []
-        for batch_images, batch_labels in self.loader(name):
-            images.append(batch_images)
-            labels.append(batch_labels)
-        return torch.cat(images), torch.cat(labels).long()
+    def split(self, name: str) -> StreamedSplit:
+        return StreamedSplit(self.folder(name), self.preparation)
 
     def setup(self, stage: str) -> None:
         pass  # the loaders stream; nothing to read first
@@ -220,6 +312,13 @@ class StreamingImages(ImageDataModule):
 
     def test_dataloader(self):
         return self.loader("test")
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        if self.decode == "device":  # the files' bytes: decoded where the batch is going
+            files, labels = batch
+            device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+            return decode_batch(files, self.preparation, device), labels
+        return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         images, labels = batch
