@@ -31,10 +31,10 @@ notebooks: $(VENV)/installed
 	done; rm -rf runs lightning_logs; \
 	echo "notebooks executed and stored with their outputs in $$(( $$(date +%s) - start )) s"
 
-# Mutation testing of the looking-inside maths (vit/interpret/: heads, patching, stats, faithfulness,
-# patches; the configuration is [tool.mutmut] in pyproject.toml): every mutant should fail a test of
-# tests/interpret/. Not part of make test: about 10 minutes on 2 cores. One thread per worker: a forked
-# PyTorch would hang in OpenMP.
+# Mutation testing of the looking-inside maths (vit/interpret/), the streamed chunks (vit/streaming.py)
+# and image preparation (vit/preparation.py); the configuration is [tool.mutmut] in pyproject.toml and
+# docs/mutation.md has the runs: every mutant should fail a test. Not part of make test: more than 10
+# minutes on 2 cores. One thread per worker: a forked PyTorch would hang in OpenMP.
 # `make mutate MUTANTS="vit.interpret.stats*"` runs a subset.
 mutate: $(VENV)/installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[mutate]"

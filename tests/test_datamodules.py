@@ -548,6 +548,7 @@ def test_tensor_pixels_are_pillows_pixels_to_within_one_level(resize, channels):
         assert torch.equal(preparation.tensor_pixels(same), preparation.pixels(picture))
     assert torch.equal(Preparation(channels, 32, resize).tensor_pixels(same), same)  # the size already
     rgb = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=noise)
+    rgb[:, 0, 0] = torch.tensor([0, 62, 229])  # a luma of exactly n + 1/2 - 2^-16: rounds down
     rgb_picture, gray_picture = Image.fromarray(rgb.permute(1, 2, 0).numpy()), Image.fromarray(rgb[0].numpy())
     assert torch.equal(Preparation(1, 32).tensor_pixels(rgb), Preparation(1, 32).pixels(rgb_picture))  # luma
     assert torch.equal(Preparation(3, 32).tensor_pixels(rgb[:1]), Preparation(3, 32).pixels(gray_picture))

@@ -264,6 +264,9 @@ def test_chunks_of_other_classes_or_without_a_split_are_refused(tmp_path):
         StreamingImages(str(tmp_path / "chunks")).test_dataloader()
     with pytest.raises(FileNotFoundError, match="chunks have no test split"):
         StreamingImages(str(tmp_path / "chunks")).split("test")
+    with pytest.raises(ValueError, match="image_size=0 must be at least 1"):
+        StreamingImages(str(tmp_path / "chunks"), image_size=0)
+    assert StreamingImages(str(tmp_path / "chunks"), image_size=1).preparation.size == (1, 1)
 
 
 def digest(image: torch.Tensor) -> str:
@@ -297,7 +300,8 @@ def fit_streamed(
     seen = seen or SeenImages()
     trainer = L.Trainer(
         max_steps=max_steps, max_epochs=2, callbacks=[seen, *callbacks], logger=False, accelerator="cpu",
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, **trainer,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        default_root_dir=chunks.parent, **trainer,
     )  # fmt: skip
     data = StreamingImages(str(chunks), image_size=16, batch_size=4, crop_padding=0, flip=False)
     model = ViTClassifier(

@@ -1,12 +1,14 @@
-"""How an image becomes model input: one small description, and the one function that applies it.
+"""How an image becomes model input: one small description, and the function that applies it.
 
 A `Preparation` says how a picture of any size and mode becomes what a model saw in training:
 its channels (grayscale or RGB), its size, how it is fitted to that size (stretched, or the
 shorter side fitted and the centre cropped; then an optional black border), and the class names
 of the model's outputs. A data module produces one (`datamodule.preparation`), vit-train stores
 it in every checkpoint, and every command prepares image files with it, so a checkpoint is enough
-to classify or draw image files: no data module, no data files. Like timm's `pretrained_cfg` and
-Hugging Face's `preprocessor_config.json`, minus the mean/std: images stay in [0, 1] here.
+to classify or draw image files: no data module, no data files. `Preparation.pixels` applies it to
+a PIL image; `tensor_pixels` to an image decoded as a tensor on any device, in the same arithmetic.
+Like timm's `pretrained_cfg` and Hugging Face's `preprocessor_config.json`, minus the mean/std:
+images stay in [0, 1] here.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class Preparation:
                 pixels = (pixels @ bilinear_weights(w, left, right, width, image.device).T).add_(0.5).floor_()
             if (h, top, bottom) != (height, 0, h):
                 pixels = (bilinear_weights(h, top, bottom, height, image.device) @ pixels).add_(0.5).floor_()
-            image = pixels.clamp_(0, 255).to(torch.uint8)
+            image = pixels.to(torch.uint8)  # in [0, 255]: the weights are positive and sum to 1
         return F.pad(image, (self.pad,) * 4) if self.pad else image
 
 

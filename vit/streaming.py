@@ -276,7 +276,7 @@ class StreamingImages(ImageDataModule):
     def preparation_for(cls, hparams: dict) -> Preparation:
         return ImageFolders.preparation_for(hparams)  # the same options, prepared the same way
 
-    def dataset(self, name: str, shuffle: bool = False):
+    def dataset(self, name: str, shuffle: bool):
         from litdata import StreamingDataset
 
         transform = Encoded() if self.decode == "device" else Decode(self.preparation)
