@@ -7,21 +7,28 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 from tests.helpers import explicit_attention_weights
 from vit.interpret.maps import (
     attention_rollout,
     attention_share,
     attention_weights,
+    check_head_fusion,
     cls_attention_maps,
     discard_lowest,
     embedding_filter_components,
     embedding_filters,
     gradient_rollout,
+    iter_attention,
     mean_attention_distance,
+    patch_token,
     pooled_maps,
     pos_embed_similarity,
     query_attention_maps,
+    register_share,
+    select_heads,
+    select_layers,
 )
 from vit.model import ViT
 from vit.two_circles import circle_patch_masks
@@ -491,3 +498,134 @@ def test_explain_notes_both_what_the_head_reads_and_what_the_registers_hold():
     assert explain(model, images, MapSpec("grad-rollout", target=2)).title.endswith("for the 2 class")
     headless = ViT(num_classes=0, **options).eval()  # features, no classes: the maps still come
     assert explain(headless, images, MapSpec("rollout")).maps.shape == (2, 4, 6)
+
+
+def test_iter_attention_yields_the_chunks_attention_weights_joins():
+    model = tiny_vit()
+    images = torch.randn(5, 1, 16, 24)
+    chunks = list(iter_attention(model, images, layers=[0], heads=1, batch_size=2))
+    assert [chunk.shape for chunk in chunks] == [(1, 2, 1, 25, 25), (1, 2, 1, 25, 25), (1, 1, 1, 25, 25)]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), attention_weights(model, images, [0], 1))
+    assert len(list(iter_attention(model, images))) == 1  # 64 at a time by default
+
+
+def test_discard_counts_the_patch_keys_of_each_row():
+    """k = int(patch keys * ratio): 4 patch keys of 5 tokens, so 0.6 drops 2 (not int(5 * 0.6) = 3)
+    and 0.25 drops 1 (a single weight is dropped too); three images, five rows each."""
+    fused = torch.rand(3, 5, 5) + 0.1
+    for ratio, dropped in ((0.6, 2), (0.25, 1), (0.2, 0)):
+        kept = discard_lowest(fused, ratio)
+        assert ((kept[..., 1:] == 0).sum(-1) == dropped).all(), ratio
+
+
+def rollout_by_hand(weights, ratio, prefix):
+    eye = torch.eye(weights.shape[-1])
+    rollout = eye.expand(weights.shape[1], -1, -1)
+    for layer in weights:
+        a = discard_lowest(layer.mean(1), ratio, prefix) + eye
+        rollout = (a / a.sum(-1, keepdim=True)) @ rollout
+    return rollout
+
+
+def test_rollout_discards_after_the_prefix_tokens_it_is_told_of():
+    torch.manual_seed(1)
+    weights = torch.rand(3, 2, 2, 7, 7).softmax(-1)
+    torch.testing.assert_close(
+        attention_rollout(weights, discard_ratio=0.5), rollout_by_hand(weights, 0.5, 1)
+    )
+    two = attention_rollout(weights, discard_ratio=0.5, num_prefix_tokens=2)
+    torch.testing.assert_close(two, rollout_by_hand(weights, 0.5, 2))
+    assert not torch.allclose(two, rollout_by_hand(weights, 0.5, 1))
+
+
+def test_gradient_rollout_is_the_same_image_by_image_and_checks_its_inputs():
+    model = tiny_vit()
+    images = torch.randn(3, 1, 16, 24)
+    torch.testing.assert_close(gradient_rollout(model, images, batch_size=1), gradient_rollout(model, images))
+    with pytest.raises(ValueError, match=r"^batch_size=0 must be at least 1$"):
+        gradient_rollout(model, images, batch_size=0)
+    for bad in (4, -1):  # 4 classes: 0 to 3
+        with pytest.raises(
+            ValueError, match=re.escape(f"target classes must lie in [0, 4), got [{bad}, {bad}, {bad}]")
+        ):
+            gradient_rollout(model, images, targets=bad)
+
+
+def test_attention_share_averages_query_patches_heads_apart_and_skips_images_without_queries():
+    """Three images, two heads, class token + 4 patches. Image 0's query patches 0 and 1 put 0.6
+    and 0.2 (head 0) or 0.1 and 0.3 (head 1) on key patch 3; image 1 has no query patch and would
+    put 1.0 everywhere it could; image 2's one query patch puts 0.5 there in both heads."""
+    weights = torch.zeros(1, 3, 2, 5, 5)
+    weights[0, 0, 0, 1, 4], weights[0, 0, 0, 2, 4] = 0.6, 0.2
+    weights[0, 0, 1, 1, 4], weights[0, 0, 1, 2, 4] = 0.1, 0.3
+    weights[0, 0, :, 3, 4] = 0.9  # not a query patch
+    weights[0, 1] = 1.0
+    weights[0, 2, :, 3, 4] = 0.5
+    queries = torch.tensor([[True, True, False, False], [False] * 4, [False, False, True, False]])
+    keys = torch.tensor([[False, False, False, True], [True] * 4, [False, False, False, True]])
+    share, chance = attention_share(weights, queries, keys)
+    torch.testing.assert_close(share, torch.tensor([[(0.4 + 0.5) / 2, (0.2 + 0.5) / 2]]))
+    assert chance.item() == pytest.approx(1 / 5)  # one key patch of 5 tokens in each image used
+
+
+def test_patch_tokens_cover_the_grid_and_nothing_else():
+    model = tiny_vit()  # 16x24 pixels, patch 4: a 4x6 grid after the class token
+    assert [patch_token(model, p) for p in [(0, 0), (0, 5), (1, 0), (3, 5)]] == [1, 6, 7, 24]
+    for outside in [(4, 0), (0, 6), (-1, 0), (0, -1)]:
+        with pytest.raises(ValueError, match=re.escape(f"patch {outside} is outside the 4x6 patch grid")):
+            patch_token(model, outside)
+
+
+def test_layers_and_heads_count_from_the_end_and_name_what_is_out_of_range():
+    model = tiny_vit()  # 2 layers, 2 heads
+    assert select_layers(model, -2) == [0] and select_heads(model, [-1, 0]) == [1, 0]
+    with pytest.raises(ValueError, match="^layer=2 is out of range for a model with 2 layers$"):
+        select_layers(model, 2)
+    with pytest.raises(ValueError, match="^head=-3 is out of range for a model with 2 heads$"):
+        select_heads(model, -3)
+    with pytest.raises(ValueError, match="^batch_size=0 must be at least 1$"):
+        attention_weights(model, torch.randn(2, 1, 16, 24), batch_size=0)
+    with pytest.raises(ValueError, match=r"^unknown head_fusion 'sum'; choose one of mean, max, min$"):
+        check_head_fusion("sum")
+    with pytest.raises(ValueError, match=r"^the model has no position embeddings \(pos_embed: none\)$"):
+        pos_embed_similarity(tiny_vit(pos_embed="none"))
+    with pytest.raises(
+        ValueError, match="^a model with a conv_stem has no patch filters over pixels to show$"
+    ):
+        embedding_filters(tiny_vit(image_size=(8, 8), channels=3, conv_stem=(4,)))
+
+
+def test_embedding_filter_components_are_those_of_the_centred_filters():
+    """Every filter is one shared pattern (large) plus its own multiple of one direction: centred
+    across the filters, only the direction varies, so it is the first component and explains
+    all the variance; the shared pattern must not show."""
+    model = tiny_vit(image_size=(8, 8), channels=3)
+    dim, size = model.patch_proj.weight.shape  # 48 pixels a filter: (p1 p2 c)
+    shared = torch.randn(size) * 10
+    direction = F.normalize(torch.randn(size), dim=0)
+    with torch.no_grad():
+        model.patch_proj.weight.copy_(shared + torch.randn(dim, 1) * direction)
+    components, explained = embedding_filter_components(model, k=3)
+    first = rearrange(components[0], "c p1 p2 -> (p1 p2 c)")
+    assert abs(float(first @ direction)) == pytest.approx(1, abs=1e-4) and explained[0] == pytest.approx(
+        1, abs=1e-4
+    )
+
+
+def test_register_share_reads_the_register_columns_of_the_row_asked_for():
+    """Class token, 3 registers, then the 4x6 patches, 3 layers: in the last, the class token puts
+    0.1 on each register and patch (0, 1) (token 5) 0.2 on each in head 0 and 0.1 in head 1; the
+    other layers are ignored."""
+    model = tiny_vit(num_registers=3)
+    weights = torch.zeros(3, 1, 2, 28, 28)
+    weights[:2] = 0.5
+    weights[2, :, :, 0, 1:4] = 0.1
+    weights[2, :, 0, 5, 1:4], weights[2, :, 1, 5, 1:4] = 0.2, 0.1
+    weights[2, :, :, 0, 4] = weights[2, :, :, 5, 0] = 0.7  # a patch and the class token: not registers
+    note = register_share(model, weights, [0, 1, 2], None)
+    assert note == "the class token gives 30% of its attention in layer 2 to the 3 register tokens, " + (
+        "which the maps (patches only) leave out"
+    )
+    assert register_share(model, weights, [0, 1, 2], (0, 1)).startswith(
+        "patch (0, 1) gives 45% of its attention"
+    )
