@@ -128,6 +128,8 @@ def write_chunks(
 def read_manifest(folder: str | Path) -> dict:
     """What `write_chunks` recorded in `folder/vit.json`; refuses a folder that is not there, or
     was written in another format."""
+    if "://" in str(folder):
+        raise UsageError(f"{folder}: chunks in an object store are not supported yet; copy them to a disk")
     folder = Path(folder).expanduser()
     path = folder / MANIFEST
     if not path.is_file():
