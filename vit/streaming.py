@@ -241,8 +241,9 @@ def resumable_loader(dataset, **kwargs):
 class StreamingImages(ImageDataModule):
     """The chunks `vit-chunks` wrote (`root/train/`, `val/`, `test/`, `vit.json`), streamed: the
     loaders read the chunks through litdata (`StreamingDataset`, `StreamingDataLoader`: shuffled
-    per epoch, sharded across processes and machines) and decode each image in the loader's
-    workers (`num_workers`), prepared as `ImageFolders` prepares files (`image_size`, `channels`,
+    per epoch, sharded across processes and machines, resumable mid-epoch) and decode each image
+    in the loader's workers (`num_workers`), or with `decode="device"` each batch of JPEG files on
+    the device it goes to, prepared as `ImageFolders` prepares files (`image_size`, `channels`,
     `resize`); the classes are the chunks'. No split is held in memory: the batches are augmented
     on the device as the other data modules' are, and `split(name)` (what the evaluation commands
     read) is a `StreamedSplit`, which decodes the images a command asks for when it asks.
