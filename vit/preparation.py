@@ -103,11 +103,8 @@ class Preparation:
         pixels where one pass is needed; within one level where Pillow takes the columns first."""
         height, width = (s - 2 * self.pad for s in self.size)
         if image.shape[0] == 3 and self.channels == 1:  # Pillow's "L": ITU-R 601-2 luma, 16-bit fixed point
-            weights = torch.tensor([19595, 38470, 7471], device=image.device)
-            image = (
-                (image.int() * weights[:, None, None]).sum(0, keepdim=True) + 0x8000
-            ).bitwise_right_shift(16)
-            image = image.to(torch.uint8)
+            r, g, b = image.int()  # Python-number weights: nothing is built on the image's device
+            image = ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16)[None].to(torch.uint8)
         elif image.shape[0] == 1 and self.channels == 3:
             image = image.expand(3, -1, -1)
         h, w = image.shape[-2:]

@@ -324,7 +324,9 @@ class StreamingImages(ImageDataModule):
         return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch
+        """Every split streams uint8 images: training batches are augmented as every data module's
+        are; the others are only made float."""
         if self.trainer is not None and self.trainer.training:
-            return self.augment(images, labels.long())
-        return to_float(images), labels.long()
+            return super().on_after_batch_transfer(batch, dataloader_idx)
+        images, labels = batch
+        return to_float(images), labels
