@@ -32,8 +32,8 @@ from vit import load_pretrained
 from vit.callbacks import EvidenceMass
 from vit.checkpoint import load_checkpoint
 from vit.datamodules import spread_test_images
-from vit.interpret.faithfulness import METHODS, evidence_mass, removal_counts, score
-from vit.interpret.patches import patch_evidence
+from vit.interpret.evidence import patch_evidence
+from vit.interpret.score import METHODS, evidence_mass, removal_counts, score
 from vit.plot import save_figure
 
 KEYS = ("rollout", "grad_rollout")  # EvidenceMass's metrics: val/evidence_mass_<key>
@@ -48,7 +48,7 @@ MAP_PASSES = {
 
 
 def passes_needed(methods: list[str], patches: int, depth: int, sanity: bool) -> int:
-    """Forward passes per image of `vit.interpret.faithfulness.score`, a gradient pass counted as 3: the
+    """Forward passes per image of `vit.interpret.score.score`, a gradient pass counted as 3: the
     ends of every curve (no patch and every patch replaced) once, the inner steps of deletion and
     insertion per method, the maps; with the sanity checks, each method's map per randomisation
     step (head, then each block) and for the runner-up class."""

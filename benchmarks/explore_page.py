@@ -34,7 +34,7 @@ import torch
 
 from vit.checkpoint import load_checkpoint, load_network
 from vit.datamodules import spread_test_images
-from vit.interpret.page import explore
+from vit.interpret.explore import explore
 
 # the page's timings once the query's drawing is on screen (two animation frames later)
 TIMINGS = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(window.explore.timings))))"  # noqa: E501

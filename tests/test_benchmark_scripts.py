@@ -53,7 +53,7 @@ def test_the_passes_the_protocol_needs_are_the_passes_it_makes(trained):
     """benchmarks/explanations.py divides the time of `score` by the forward passes it needs: count
     the images that go through the model (a gradient map adds one backward pass, counted as 2)."""
     from benchmarks.explanations import passes_needed
-    from vit.interpret.faithfulness import score
+    from vit.interpret.score import score
 
     classifier, data = trained
     model = classifier.model

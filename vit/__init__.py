@@ -23,7 +23,7 @@ _EXPORTS = {
     "ViT": "vit.model",
     "ViTClassifier": "vit.classifier",
     "ViTConfig": "vit.config",
-    "explore": "vit.interpret.page",
+    "explore": "vit.interpret.explore",
     "load_pretrained": "vit.pretrained",
 }
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # what linters and editors see; at run time `__getattr__` imp
     from vit.classifier import Classifier, CNNClassifier, ViTClassifier
     from vit.config import PRESETS, ViTConfig
     from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
-    from vit.interpret.page import explore
+    from vit.interpret.explore import explore
     from vit.model import ViT
     from vit.preparation import Preparation
     from vit.pretrained import load_pretrained

@@ -288,7 +288,7 @@ class EMA(WeightAveraging):
 
 
 class EvidenceMass(Callback):
-    """After each validation of `fit`, the relevance mass (`vit.interpret.patches.evidence_scores`) of
+    """After each validation of `fit`, the relevance mass (`vit.interpret.evidence.evidence_scores`) of
     attention rollout and gradient rollout on the first `num_images` validation images: the
     share of each map on the patches that carry the label, logged as
     `val/evidence_mass_rollout` and `val/evidence_mass_grad_rollout` (metrics.csv), beside
@@ -305,7 +305,7 @@ class EvidenceMass(Callback):
         self._off = False
 
     def _take_data(self, trainer, pl_module) -> None:
-        from vit.interpret.patches import patch_evidence
+        from vit.interpret.evidence import patch_evidence
         from vit.model import ViT
 
         datamodule, network = trainer.datamodule, getattr(pl_module, "model", None)
@@ -325,7 +325,7 @@ class EvidenceMass(Callback):
             self._take_data(trainer, pl_module)
             if self._off:
                 return
-        from vit.interpret.faithfulness import evidence_mass
+        from vit.interpret.score import evidence_mass
 
         images, evidence = self._data
         # validation runs under inference mode; gradient rollout needs gradients

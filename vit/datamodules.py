@@ -223,7 +223,7 @@ class InMemoryDataModule(L.LightningDataModule):
     def evidence(self, name: str) -> torch.Tensor | None:
         """Which pixels of `split(name)` carry the label, where the data knows: (N, H, W) bool, in
         the order of the split's images; None where it does not (the evidence figures of
-        `vit.interpret.faithfulness` are then left out). Two circles knows its circles; `ImageFolders`
+        `vit.interpret.score` are then left out). Two circles knows its circles; `ImageFolders`
         reads optional masks."""
         return None
 

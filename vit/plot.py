@@ -116,4 +116,4 @@ def reliability_figure(
     return fig
 
 
-# ------------------------------------------------------------------ the scores of vit.interpret.faithfulness
+# ------------------------------------------------------------------ the scores of vit.interpret.score

@@ -24,8 +24,8 @@ import torch
 
 from vit.checkpoint import load_checkpoint
 from vit.datamodules import spread_test_images
+from vit.interpret.evidence import patch_evidence
 from vit.interpret.maps import attention_weights
-from vit.interpret.patches import patch_evidence
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,8 +14,8 @@ from helpers import command_error
 from vit import ViT
 from vit.commands import heads as heads_command
 from vit.commands.attention import main as attention_main
-from vit.interpret.faithfulness import score
 from vit.interpret.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
+from vit.interpret.score import score
 from vit.interpret.stats import interval
 
 

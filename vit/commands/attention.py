@@ -197,7 +197,7 @@ def read_scores(path: str | Path, page: Path | None) -> dict:
     """The figures of a scores.json written by `vit-attention score`, for the page."""
     import json
 
-    from vit.interpret.faithfulness import headline
+    from vit.interpret.score import headline
 
     if page is None:
         raise UsageError("--scores goes with --html: the page shows them")
@@ -229,7 +229,7 @@ def read_heads(path: str | Path, page: Path | None) -> dict:
 
 def write_page(path: Path, model: ViT, batch, spec, captions, names, options: dict, started) -> Path:
     """The page of `vit.explore` for `batch`, written to `path`."""
-    from vit.interpret.page import explore
+    from vit.interpret.explore import explore
 
     found = explore(model, batch, spec, captions, names, **options)
     path = found.save(path)

@@ -160,7 +160,7 @@ def patch(
     check_out_folder(out)
     device = torch_device(device)
 
-    from vit.interpret.patches import patch_evidence
+    from vit.interpret.evidence import patch_evidence
     from vit.interpret.patching import analyse, random_patches, replace_patches, resample_patches
 
     classes = None

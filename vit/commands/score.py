@@ -1,5 +1,5 @@
 """`vit-attention score`: which map tells the truth? Every method's maps scored by deletion and
-insertion, against the evidence where the data knows it, and by sanity checks (`vit.interpret.faithfulness`).
+insertion, against the evidence where the data knows it, and by sanity checks (`vit.interpret.score`).
 
     vit-attention score --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/scores
     vit-attention score --ckpt best.ckpt --methods rollout grad-rollout random --num_images 128
@@ -32,12 +32,12 @@ from vit.commands.base import (
 from vit.commands.inputs import check_counts, check_images, load_inputs, torch_device
 from vit.errors import UsageError
 
-# The keys of `vit.interpret.faithfulness.METHODS`, here so that --help needs no torch (a test checks them).
+# The keys of `vit.interpret.score.METHODS`, here so that --help needs no torch (a test checks them).
 METHOD_NAMES = ("cls", "rollout", "grad-rollout", "input-gradient", "random", "evidence")
 
 
 def table(results: dict) -> str:
-    """The figures of `vit.interpret.faithfulness.score` as text tables: perturbation, evidence, sanity."""
+    """The figures of `vit.interpret.score.score` as text tables: perturbation, evidence, sanity."""
     from vit.interpret.stats import as_text as cell
 
     figures = results["figures"]
@@ -95,13 +95,13 @@ def score(
     builds it (`datamodule_class`, `data`)."""
 
     from vit.checkpoint import check_source
-    from vit.interpret.faithfulness import METHODS, current_names, score
     from vit.interpret.figures import (
         evidence_figure,
         layers_heads_evidence_figure,
         perturbation_figure,
         randomisation_figure,
     )
+    from vit.interpret.score import METHODS, current_names, score
 
     started = time.perf_counter()
     check_source(ckpt, model, weights, datamodule_class)

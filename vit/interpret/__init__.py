@@ -1,16 +1,16 @@
 """Looking inside a trained ViT: where it attends, whether those maps tell the truth, which heads
 and tokens carry the prediction. Each module builds only on the ones it names:
 
-    page          the explorable HTML page of the maps           <- maps
-    faithfulness  the maps scored: perturbation, evidence, sanity <- maps, patches, hooks, stats
-    heads         ablation, logit attribution, lens, norms        <- patches, hooks, stats
-    patching      activation patching between image pairs         <- patches, hooks, stats
-    patches       evidence patches, and images with patches replaced <- maps
+    explore       the explorable HTML page of the maps (page.html) <- maps
+    score         the maps scored: perturbation, evidence, sanity <- maps, evidence, hooks, stats
+    heads         ablation, logit attribution, lens, norms        <- evidence, hooks, stats
+    patching      activation patching between image pairs         <- evidence, hooks, stats
+    evidence      evidence patches, and images with patches replaced <- maps
     maps          attention weights and the maps made from them   <- hooks
     hooks         where the tools read and write a ViT (hook points, the explicit path)
     stats         bootstrap intervals, Spearman's correlation and its test
     figures       matplotlib figures of all of the above (reads their results, no model code)
 
-`heads` and `patching` import nothing from `faithfulness`; the commands in `vit.commands` print
+`heads` and `patching` import nothing from `score`; the commands in `vit.commands` print
 and save what these return.
 """

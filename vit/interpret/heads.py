@@ -48,6 +48,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.errors import require
+from vit.interpret.evidence import layers_heads_scores, patch_evidence
 from vit.interpret.hooks import (
     device_of,
     hooks,
@@ -55,7 +56,6 @@ from vit.interpret.hooks import (
     record_attention,
     recorders,
 )
-from vit.interpret.patches import layers_heads_scores, patch_evidence
 from vit.interpret.stats import (
     PERMUTATIONS,
     SAMPLES,

@@ -35,8 +35,8 @@ import torch
 from einops import rearrange
 
 from vit.errors import require
+from vit.interpret.evidence import perturbed
 from vit.interpret.hooks import device_of, hooks, on_heads, on_residual, recorders
-from vit.interpret.patches import perturbed
 from vit.interpret.stats import SAMPLES, bootstrap, bounds, interval, lh_interval
 from vit.model import ViT
 

@@ -22,8 +22,8 @@ import vit
 from vit.commands.attention import main
 from vit.datamodules import spread_test_images
 from vit.errors import UsageError
+from vit.interpret.explore import Explorer, explore, quantise
 from vit.interpret.maps import MapSpec, attention_rollout, attention_weights, gradient_rollout, pooled_maps
-from vit.interpret.page import Explorer, explore, quantise
 from vit.model import ViT
 
 SCREENSHOT = ROOT / "docs" / "explore.png"  # the README shows it

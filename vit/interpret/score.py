@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from vit.errors import UsageError
+from vit.interpret.evidence import evidence_scores, layers_heads_scores, patch_evidence, perturbed
 from vit.interpret.hooks import model_outputs
 from vit.interpret.maps import MAP_METHODS, MapSpec, method_maps
-from vit.interpret.patches import evidence_scores, layers_heads_scores, patch_evidence, perturbed
 from vit.interpret.stats import as_text, bootstrap, interval, lh_interval, spearman
 from vit.model import ViT
 

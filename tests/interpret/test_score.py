@@ -1,4 +1,4 @@
-"""The faithfulness maths of `vit.interpret.faithfulness` against answers computed another way: hand-counted
+"""The faithfulness maths of `vit.interpret.score` against answers computed another way: hand-counted
 evidence figures, the gradient written out, attention read straight from the weights, curves
 rebuilt patch by patch, and the protocol's seeds and defaults."""
 
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from vit import ViT
-from vit.interpret.faithfulness import (
+from vit.interpret.evidence import evidence_scores, layers_heads_scores, perturbed
+from vit.interpret.maps import attention_rollout, attention_weights, input_gradient, pooled_maps
+from vit.interpret.score import (
     METHODS,
     default_methods,
     evidence_mass,
@@ -20,8 +22,6 @@ from vit.interpret.faithfulness import (
     score,
     scored_maps,
 )
-from vit.interpret.maps import attention_rollout, attention_weights, input_gradient, pooled_maps
-from vit.interpret.patches import evidence_scores, layers_heads_scores, perturbed
 
 
 def model_of(**options) -> ViT:

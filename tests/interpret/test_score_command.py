@@ -1,4 +1,4 @@
-"""Which map tells the truth: the scores of vit.interpret.faithfulness, the evidence of the data
+"""Which map tells the truth: the scores of vit.interpret.score, the evidence of the data
 modules, `vit-attention score` and the EvidenceMass callback."""
 
 import csv
@@ -14,7 +14,8 @@ from vit import ImageFolders, TwoCircles, compat
 from vit.commands import score as score_command
 from vit.commands import train as cli
 from vit.commands.attention import main as attention_main
-from vit.interpret.faithfulness import (
+from vit.interpret.evidence import evidence_scores, patch_evidence
+from vit.interpret.score import (
     METHODS,
     area,
     headline,
@@ -24,7 +25,6 @@ from vit.interpret.faithfulness import (
     removal_order,
     scored_maps,
 )
-from vit.interpret.patches import evidence_scores, patch_evidence
 from vit.interpret.stats import interval, spearman
 
 
