@@ -7,7 +7,7 @@ from helpers import command_error
 from PIL import Image
 
 from vit import CNNClassifier
-from vit.commands.attention import attention, main, parser, patch
+from vit.commands.attention import COMMAND, AttentionOptions, attention, main, patch
 from vit.datamodules import spread_test_images
 from vit.interpret.figures import batch_figure, layers_heads_figure, mosaic, overlay_rgb
 from vit.plot import save_figure
@@ -122,7 +122,7 @@ def test_bad_input_is_one_line_and_writes_nothing(trained_checkpoint, tmp_path, 
 
 def test_shell_spellings_of_the_options():
     """Dashes or underscores, a bare --plots, --images with several words, ROW,COLUMN."""
-    options = parser().parse_args(
+    options = COMMAND.parser().parse_args(
         ["--ckpt", "x", "--query-patch", "1,2", "--plots", "--images", "a.png", "b", "--layer", "-1",
          "--num_images", "3", "--discard-ratio", "0.5"]
     )  # fmt: skip
@@ -280,7 +280,7 @@ def test_a_cnn_checkpoint_is_refused(tmp_path):
     hparams = {**model.hparams, "_class_path": "vit.classifier.CNNClassifier"}
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams}, path)
     with pytest.raises(ValueError, match="holds a BagCNN, not a ViT"):
-        attention(ckpt=path, images=[tmp_path], out=tmp_path / "out")
+        attention(AttentionOptions(ckpt=path, images=[tmp_path], out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 

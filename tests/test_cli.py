@@ -16,8 +16,8 @@ from helpers import ROOT, UnsafePayload, command_error, run_train, tiny_args
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.checkpoint import load_checkpoint
 from vit.commands import train as cli
-from vit.commands.attention import attention
-from vit.commands.eval import evaluate
+from vit.commands.attention import AttentionOptions, attention
+from vit.commands.eval import EvalOptions, evaluate
 
 
 def metrics(run: Path) -> list[dict]:
@@ -46,7 +46,7 @@ def test_fit_test_predict_and_attention(runs, capsys):
     tested = cli.run(["test", *tiny_args(runs), "--ckpt_path", str(best)])
     assert "test/acc" in capsys.readouterr().out
     # vit-eval, from the checkpoint alone, measures what vit-train test measured
-    measured = evaluate(best, progress=False)
+    measured = evaluate(EvalOptions(ckpt=best), progress=False)
     assert measured["top1"] == pytest.approx(tested.trainer.callback_metrics["test/acc"].item(), abs=1e-6)
     assert measured["num_images"] == 128
 
@@ -74,7 +74,7 @@ def test_fit_test_predict_and_attention(runs, capsys):
     assert model.hparams.vit["preset"] == "micro" and model.hparams.num_classes == 4
     assert datamodule.hparams.num_train == 512
 
-    [png] = attention(ckpt=best, out=runs / "attention", num_images=3, layer=-1, head=0)
+    [png] = attention(AttentionOptions(ckpt=best, out=runs / "attention", num_images=3, layer=-1, head=0))
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -23,8 +23,8 @@ import vit.decode
 from vit import ViTClassifier, ViTConfig
 from vit.checkpoint import load_checkpoint, load_model
 from vit.commands import train as cli
-from vit.commands.attention import attention
-from vit.commands.eval import evaluate, predict
+from vit.commands.attention import AttentionOptions, attention
+from vit.commands.eval import EvalOptions, PredictOptions, evaluate, predict
 from vit.datamodules import (
     CIFAR10,
     CIFAR10_CLASSES,
@@ -423,14 +423,16 @@ def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(
     with monkeypatch.context() as patch:
         for cls in (TwoCircles, CIFAR10, ImageFolders, FashionMNIST):
             patch.setattr(cls, "__init__", refuse)
-        [result] = predict(ckpt, [picture], top_k=2)
+        [result] = predict(PredictOptions(ckpt=ckpt, images=[picture], top_k=2))
         assert result["top_k"][0]["class"] in {"ant", "bee", "cat"} and len(result["top_k"]) == 2
-        written = attention(ckpt=ckpt, images=[picture], out=tmp_path / "maps", layer=-1)
+        written = attention(AttentionOptions(ckpt=ckpt, images=[picture], out=tmp_path / "maps", layer=-1))
         assert {png.name for png in written} == {"cls.png", "cls_000_photo.png"}
         with pytest.raises(AssertionError, match="a data module was built"):
-            evaluate(ckpt, progress=False)  # evaluating needs the data (the refusal shows it tried)
+            evaluate(
+                EvalOptions(ckpt=ckpt), progress=False
+            )  # evaluating needs the data (the refusal shows it tried)
     with pytest.raises(DataNotFoundError, match="image folder not found"):
-        evaluate(ckpt, progress=False)
+        evaluate(EvalOptions(ckpt=ckpt), progress=False)
     with pytest.raises(DataNotFoundError, match="image folder not found"):
         load_checkpoint(ckpt)  # the data module needs its data
 

@@ -38,27 +38,18 @@ def parse(words: list[str]) -> None:
     """Parse a command line as its command would, without running it: SystemExit(2) on an unknown
     option or a bad value. vit-train parses with --print_config (its LightningCLI then prints the
     resolved config and stops)."""
-    from vit.commands import attention, eval, export, heads, patch, score, train
+    from vit.commands import attention, eval, export, train
 
     command, args = words[0], words[1:]
     if command == "vit-train":
-        train.main([*args, "--print_config"])
-    elif command == "vit-eval":
-        (
-            eval.predict_parser().parse_args(args[1:])
-            if args[:1] == ["predict"]
-            else eval.evaluate_parser().parse_args(args)
-        )
-    elif command == "vit-attention":
-        subcommands = {"score": score.parser, "heads": heads.parser, "patch": patch.parser}
-        if args[:1] and args[0] in subcommands:
-            subcommands[args[0]]().parse_args(args[1:])
-        else:
-            attention.parser().parse_args(args)
-    elif command == "vit-export":
-        export.parser().parse_args(args)
-    else:
+        return train.main([*args, "--print_config"])
+    commands = {"vit-eval": eval.COMMAND, "vit-attention": attention.COMMAND, "vit-export": export.COMMAND}
+    if command not in commands:
         raise AssertionError(f"no parser known for {command}")
+    found = commands[command]
+    if args[:1] and args[0] in found.subcommands:
+        found, args = found.subcommands[args[0]], args[1:]
+    found.parser().parse_args(args)
 
 
 README_COMMANDS = command_lines(README.read_text())
@@ -152,16 +143,13 @@ def test_a_dead_link_fails_the_check(tmp_path):
 
 
 def parsers():
-    from vit.commands import attention, eval, export, heads, score
+    from vit.commands import attention, chunks, eval, export
 
-    return {
-        "vit-eval": eval.evaluate_parser(),
-        "vit-eval predict": eval.predict_parser(),
-        "vit-attention": attention.parser(),
-        "vit-attention score": score.parser(),
-        "vit-attention heads": heads.parser(),
-        "vit-export": export.parser(),
-    }
+    found = {}
+    for command in (eval.COMMAND, attention.COMMAND, export.COMMAND, chunks.COMMAND):
+        found[command.prog] = command.parser()
+        found |= {sub.prog: sub.parser() for sub in command.subcommands.values()}
+    return found
 
 
 def test_every_option_is_shown_one_way_and_read_both_ways():

@@ -12,8 +12,8 @@ from PIL import Image
 
 from vit import CNNClassifier, TwoCircles
 from vit.checkpoint import load_checkpoint
-from vit.commands.eval import evaluate, main
-from vit.commands.inputs import parse_data_options
+from vit.commands.base import parse_data_options
+from vit.commands.eval import EvalOptions, evaluate, main
 from vit.preparation import prepare
 
 PNG = b"\x89PNG"
@@ -96,7 +96,7 @@ def test_validation_split_and_a_cnn_checkpoint(tmp_path, capsys):
         },
         path,
     )
-    metrics = evaluate(path, split="val", batch_size=5, progress=False)
+    metrics = evaluate(EvalOptions(ckpt=path, split="val", batch_size=5), progress=False)
     assert metrics["num_images"] == 24 and metrics["split"] == "val"
     assert metrics["data"]["batch_size"] == 5
 

@@ -119,7 +119,7 @@ def test_vit_attention_score_on_the_gpu_gives_the_cpus_figures(trained_checkpoin
     scores = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device
-        score_command.main(
+        score_command.COMMAND.main(
             ["--ckpt", str(trained_checkpoint), "--num_images", "32", "--out", str(out), "--device", device]
         )
         scores[device] = json.loads((out / "scores.json").read_text())

@@ -294,7 +294,9 @@ def test_vit_eval_measures_an_imported_model_on_a_subset_of_its_classes(tiny_tim
     assert status == 2 and "the model has no class 'n99999999'" in line
 
     files = [tmp_path / "val" / "tench" / "2.png", tmp_path / "val" / "goldfish" / "4.png"]
-    out = vit_eval.predict(None, files, top_k=2, model="timm:vit_tiny_patch16_224", weights=weights)
+    out = vit_eval.predict(
+        vit_eval.PredictOptions(images=files, top_k=2, model="timm:vit_tiny_patch16_224", weights=weights)
+    )
     assert [r["top_k"][0]["class"] for r in out] == [preparation.classes[predicted[i]] for i in (2, 4)]
     for args, message in (
         ([*model, "--ckpt", weights], "give a checkpoint (--ckpt) or a model (--model), one of them"),

@@ -18,7 +18,8 @@ MEMORY_ADDRESS = re.compile(r"0x[0-9a-f]{6,}")
 
 
 @pytest.mark.parametrize(
-    "command", [attention.parser, eval.evaluate_parser, eval.predict_parser, export.parser]
+    "command",
+    [attention.COMMAND.parser, eval.COMMAND.parser, eval.PREDICT.parser, export.COMMAND.parser],
 )
 def test_help_reads_as_written_for_a_user(command, capsys):
     text = command().format_help()

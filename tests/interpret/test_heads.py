@@ -17,12 +17,13 @@ from vit.commands.attention import main as attention_main
 from vit.interpret.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
 from vit.interpret.score import score
 from vit.interpret.stats import interval
+from vit.interpret.tables import READINGS
 
 
 def test_the_command_names_the_library_defaults():
     assert heads_command.NORM_RATIO == NORM_RATIO
     assert heads_command.ATTRIBUTIONS == tuple(ATTRIBUTIONS)
-    assert set(heads_command.READINGS) == set(ATTRIBUTIONS)
+    assert set(READINGS) == set(ATTRIBUTIONS)
 
 
 @pytest.mark.parametrize(

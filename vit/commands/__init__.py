@@ -1,5 +1,6 @@
-"""The commands, one module each: `train` (vit-train), `eval` (vit-eval), `attention`
-(vit-attention), `score` (vit-attention score), `export` (vit-export); and what they share:
-`base` (parsing, one-line errors, exit codes) and `inputs` (the network and images a command
-reads, the device it runs on). Their imports have no cycle (tests/test_commands_imports.py):
-`attention` hands `vit-attention score ...` to `score`, and nothing imports a command back."""
+"""The commands, one module each: `train` (vit-train), `eval` (vit-eval, vit-eval predict),
+`attention` (vit-attention), `score`, `heads` and `patch` (vit-attention score, heads, patch),
+`export` (vit-export) and `chunks` (vit-chunks); and `base`, what they share: their options,
+declared once as dataclasses (`Source`, `Images`, `Analysis`), the network and images they read,
+parsing with one-line errors, exit codes. Each command is a `base.Command` (its options, its
+function, its subcommands); their imports have no cycle (tests/test_commands_imports.py)."""

@@ -1,9 +1,20 @@
-"""What the commands share: parsing with one-line errors, and exit codes.
+"""What the commands share: their options, declared once; the network and images they read; parsing
+with one-line errors; exit codes.
+
+Each command's options are a dataclass whose fields are its options, each declared once with its
+default, help and checks (`option`): the command's parser is built from it (`Command.parser`) and
+its function takes it whole, so a Python caller and the command line read the same declaration.
+What several commands share is a dataclass they derive from: `Source` (where the network comes
+from, how many images a pass, on which device) and `Images` (the images the looking commands run
+it on: image files, or test images of the checkpoint's data module).
 
 Every error a user can cause ends a command with one line `error: ...` on stderr and, as argparse
 users expect, exit status 2 for bad usage (an unknown option, a bad value: `UsageError`) or 1 for
 a failure (a missing or unreadable file, a bad checkpoint, bad data). vit-train's LightningCLI
 parser uses the same `OneLineErrors`.
+
+torch, Lightning and matplotlib are imported inside the functions that use them: `--help` needs
+none of them.
 """
 
 from __future__ import annotations
@@ -11,16 +22,295 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+import yaml
 from jsonargparse import ArgumentParser
 
-from vit.commands.inputs import DEVICES, parse_data_options
 from vit.compat import old_option_hint
 from vit.errors import UsageError, one_line
 
+if TYPE_CHECKING:
+    import lightning as L
+    import torch
+
+    from vit.model import ViT
+
 USAGE, FAILURE = 2, 1  # exit statuses
+DEVICES = ("auto", "cpu", "cuda")
+
+
+# ---- options declared once ----
+
+
+def option(default: Any, help: str, **argparse: Any) -> Any:
+    """A field of a command's options: its default, its help, and how argparse reads it (`type`,
+    `metavar`, `choices`, `nargs`, `action`, `const`; `flag` where the option is spelled otherwise
+    than the field, `positional` for an argument without one, `read` a function of the parsed
+    value, such as "ROW,COLUMN" -> (row, column))."""
+    metadata = {"help": help, **argparse}
+    if isinstance(default, list | dict):  # a fresh one for each instance
+        return field(default_factory=default.copy, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def add_options(parser: ArgumentParser, options: type) -> None:
+    """An argument of `parser` for each field of the dataclass `options`, in their order."""
+    for spec in fields(options):
+        argparse = dict(spec.metadata)
+        argparse.pop("read", None)
+        if argparse.pop("positional", False):
+            parser.add_argument(spec.name, **argparse)
+            continue
+        default = spec.default if spec.default is not MISSING else spec.default_factory()
+        if argparse.get("action") == "append":
+            default = []  # argparse appends to its default: the field's value is read from the list
+        parser.add_argument(
+            argparse.pop("flag", f"--{spec.name}"), dest=spec.name, default=default, **argparse
+        )
+
+
+def read_options(options: type, parsed: dict) -> Any:
+    """The dataclass `options` from what its parser read, each value passed through its `read`."""
+    values = {}
+    for spec in fields(options):
+        read = spec.metadata.get("read")
+        values[spec.name] = read(parsed[spec.name]) if read is not None else parsed[spec.name]
+    return options(**values)
+
+
+def parse_data_options(items: list[str]) -> dict:
+    """["test_split=far", "separation=[12, 15]"] -> {"test_split": "far", "separation": [12, 15]}:
+    each value read as YAML, so numbers, booleans and lists come out typed."""
+    options = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise UsageError(f"--data {item!r} is not KEY=VALUE")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--data {item!r}: the value is not YAML ({' '.join(str(e).split())})") from e
+    return options
+
+
+def data_option() -> Any:
+    """--data KEY=VALUE, repeatable: the checkpoint's data module built with other arguments."""
+    return option(
+        {},
+        "override an argument of the checkpoint's data module, as YAML (repeat for more): another "
+        "folder (root=/data/other) or test set (test_split=far)",
+        action="append",
+        metavar="KEY=VALUE",
+        read=parse_data_options,
+    )
+
+
+def out_option(default: str | None, what: str) -> Any:
+    return option(default, f"folder for {what}", metavar="DIR")
+
+
+def check_out_folder(out: str | Path | None) -> None:
+    """An output folder given by the user is a folder, or not there yet (checked before any work)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+
+
+def torch_device(device: str) -> str:
+    """The device to run on: for auto, cuda if PyTorch sees a GPU, else cpu."""
+    import torch
+
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: PyTorch sees no CUDA device")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@dataclass
+class Source:
+    """Where a command's network comes from (a checkpoint of vit-train, or a model of another
+    library), how many images go through it at once, and on which device."""
+
+    ckpt: str | None = option(None, "checkpoint written by vit-train", metavar="PATH")
+    datamodule: str | None = option(
+        None,
+        "the class of the checkpoint's data module when it is your own (vit-train fit --data "
+        "mydm.Pets): mydm.Pets, imported because you name it; a checkpoint alone never imports code",
+        metavar="CLASS_PATH",
+    )
+    model: str | None = option(
+        None,
+        "instead of --ckpt: timm:NAME, hf:REPO_ID_OR_FOLDER or a folder written by vit-export",
+        metavar="SOURCE",
+    )
+    weights: str | None = option(
+        None, "the --model's weights (.safetensors, .pth, .bin): nothing is downloaded", metavar="FILE"
+    )
+    batch_size: int | None = option(64, "images per forward pass", type=int, metavar="N")
+    device: str = option("auto", "auto: a GPU if there is one", choices=DEVICES)
+
+    def check_source(self) -> None:
+        """A checkpoint or a model, one of them; weights with a model, a data module with a checkpoint."""
+        from vit.checkpoint import check_source
+
+        check_source(self.ckpt, self.model, self.weights, self.datamodule)
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's path or the model's name, for the JSON."""
+        return str(self.ckpt or self.model)
+
+
+@dataclass
+class Images(Source):
+    """A `Source` and the images the looking commands run it on: image files, or test images of
+    the checkpoint's data module (its class named by --datamodule when it is the user's own, its
+    arguments changed by --data)."""
+
+    data: dict = data_option()
+    images: list[str] | None = option(
+        None,
+        "image files or folders of them; default: test images of the checkpoint's data set",
+        nargs="+",
+        metavar="PATH",
+    )
+    num_images: int = option(512, "how many test images, spread over the test split", type=int, metavar="N")
+
+    def check(self) -> None:
+        """Everything about the network and the images that can be checked before any work."""
+        self.check_source()
+        if self.num_images < 1 or self.batch_size < 1:
+            raise UsageError(
+                f"num_images={self.num_images} and batch_size={self.batch_size} must be at least 1"
+            )
+        self.check_images()
+
+    def check_images(self) -> None:
+        """A --model, unlike a checkpoint, names no data module: its images come from --images.
+        --data changes the data module that gives test images: image files take none."""
+        if self.model is not None and not self.images:
+            raise UsageError("--model has no test set: give image files with --images")
+        if self.images and self.data:
+            raise UsageError("--data changes the data module that gives test images: not with --images")
+
+    def load(self) -> Inputs:
+        """The network, on its device, and the images: the files or folders of `images`, prepared
+        as the checkpoint or model says (no data module is built), else `num_images` test images
+        of the checkpoint's data module (`spread_test_images`), built as
+        `vit.checkpoint.load_checkpoint` builds it."""
+        from vit.checkpoint import load_checkpoint, load_network
+        from vit.model import ViT
+        from vit.preparation import image_files, read_images
+
+        device = torch_device(self.device)
+        if self.images:
+            network, preparation = load_network(self.ckpt, self.model, self.weights, self.datamodule)
+            names = list(preparation.classes)
+        else:
+            classifier, datamodule = load_checkpoint(
+                self.ckpt, data=self.data, datamodule_class=self.datamodule
+            )
+            if datamodule is None:
+                raise ValueError(f"{self.ckpt} names no data module to take test images from; give --images")
+            check_datamodule(datamodule)
+            datamodule.prepare_data()  # a download, where the data module was told to make one
+            network, names = classifier.model, [str(name) for name in datamodule.classes]
+        if not isinstance(network, ViT):
+            raise ValueError(f"{self.ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
+        network.to(device)  # the images follow a chunk at a time; results come back on the CPU
+        if self.images:
+            files = image_files(self.images)
+            return Inputs(network, device, read_images(files, preparation), names, files=files)
+        from vit.datamodules import spread_test_images
+
+        batch, labels, indices = spread_test_images(datamodule, self.num_images)
+        return Inputs(network, device, batch, names, datamodule=datamodule, indices=indices, labels=labels)
+
+
+@dataclass
+class Analysis(Images):
+    """`Images`, and what the commands that measure the network on them (vit-attention score,
+    heads, patch) add: a seed for every random draw and a folder for the results."""
+
+    out: str | None = option(
+        None, "folder for the results' JSON and the figures; default: print only", metavar="DIR"
+    )
+    seed: int = option(0, "every random draw: random maps and patches, the bootstrap's resampling", type=int)
+
+    def check(self) -> None:
+        super().check()
+        check_out_folder(self.out)
+
+    def measure(self, function: Callable[..., dict], *args, progress: str, **kwargs) -> dict:
+        """`function` (`vit.interpret.score.score`, `heads.analyse`, `patching.analyse`) on `args`
+        with the options' batch size and seed, and a progress bar labelled `progress`."""
+        return function(
+            *args, batch_size=self.batch_size, seed=self.seed, progress=progress_bar(progress), **kwargs
+        )
+
+    def settings(self, seconds: float, device: str, **described) -> dict:
+        """The record of the run for the results' JSON (`settings`)."""
+        return settings(
+            self.name, seconds, **described, batch_size=self.batch_size, seed=self.seed, device=device
+        )
+
+
+def check_datamodule(datamodule: L.LightningDataModule) -> None:
+    """The commands read a data module's images as vit.datamodules.InMemoryDataModule gives them
+    (`split(name)`, `classes`, `evidence(name)`): a data module of the user's own derives from it."""
+    from vit.datamodules import InMemoryDataModule
+
+    if not isinstance(datamodule, InMemoryDataModule):
+        raise UsageError(
+            f"{type(datamodule).__name__} is not a vit.datamodules.InMemoryDataModule: the commands "
+            "read its images through split(name) and classes"
+        )
+
+
+@dataclass
+class Inputs:
+    """A ViT on its device and the images a command runs it on: image files, or test images of a
+    data module."""
+
+    model: ViT
+    device: str  # where the model is: cpu or cuda
+    images: torch.Tensor  # (B, C, H, W), prepared as the model expects, on the CPU
+    class_names: list[str]
+    files: list[Path] | None = None  # the image files, in the order of `images`; or else
+    datamodule: L.LightningDataModule | None = None  # the data module whose test split holds them,
+    indices: list[int] | None = None  # at these indices,
+    labels: torch.Tensor | None = None  # with these labels
+
+    @property
+    def description(self) -> str:
+        """What the images are, for the printout and the JSON: "8 image files", "512 test images
+        of TwoCircles"."""
+        if self.datamodule is None:
+            return f"{len(self.images)} image files"
+        return f"{len(self.images)} test images of {type(self.datamodule).__name__}"
+
+    def evidence(self) -> tuple[torch.Tensor | None, str | None]:
+        """The evidence pixels of the images (B, H, W) bool where the data module knows them, and
+        else None with the reason in words."""
+        from vit.datamodules import ImageFolders
+
+        if self.datamodule is None:
+            return None, "image files given with --images carry no evidence"
+        pixels = self.datamodule.evidence("test")
+        if pixels is not None:
+            return pixels[self.indices], None
+        why = f"{type(self.datamodule).__name__} does not know which pixels carry its labels"
+        if isinstance(self.datamodule, ImageFolders):
+            why += f" (no masks in {self.datamodule.root}/masks/test/<class>/<image>.png)"
+        return None, why
+
+
+# ---- parsing, one-line errors, running ----
 
 
 def fail(message: str | BaseException, status: int = FAILURE) -> NoReturn:
@@ -73,66 +363,6 @@ class Parser(OneLineErrors, ArgumentParser):
         return arg
 
 
-def add_source_arguments(parser: Parser) -> None:
-    """--ckpt (with --datamodule for a data module of the user's own), or --model with an optional
-    --weights: where a command's network comes from."""
-    parser.add_argument("--ckpt", default=None, metavar="PATH", help="checkpoint written by vit-train")
-    parser.add_argument(
-        "--datamodule",
-        dest="datamodule_class",
-        default=None,
-        metavar="CLASS_PATH",
-        help="the class of the checkpoint's data module when it is your own (vit-train fit --data "
-        "mydm.Pets): mydm.Pets, imported because you name it; a checkpoint alone never imports code",
-    )
-    parser.add_argument(
-        "--model",
-        default=None,
-        metavar="SOURCE",
-        help="instead of --ckpt: timm:NAME, hf:REPO_ID_OR_FOLDER or a folder written by vit-export",
-    )
-    parser.add_argument(
-        "--weights",
-        default=None,
-        metavar="FILE",
-        help="the --model's weights (.safetensors, .pth, .bin): nothing is downloaded",
-    )
-
-
-def add_images_argument(parser: Parser) -> None:
-    """--images: image files instead of the checkpoint's test images (`vit.commands.inputs`)."""
-    parser.add_argument(
-        "--images",
-        nargs="+",
-        default=None,
-        metavar="PATH",
-        help="image files or folders of them; default: test images of the checkpoint's data set",
-    )
-
-
-def add_data_argument(parser: Parser) -> None:
-    """--data KEY=VALUE, repeatable: the checkpoint's data module built with other arguments
-    (`vit.commands.inputs.parse_data_options` reads them)."""
-    parser.add_argument(
-        "--data",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override an argument of the checkpoint's data module, as YAML (repeat for more): another "
-        "folder (root=/data/other) or test set (test_split=far)",
-    )
-
-
-def add_device_argument(parser: Parser) -> None:
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: a GPU if there is one")
-
-
-def check_out_folder(out: str | Path | None) -> None:
-    """An output folder given by the user is a folder, or not there yet (checked before any work)."""
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
-
-
 def is_misconfiguration(error: BaseException) -> bool:
     """Whether `error` is Lightning's MisconfigurationException (a bad option or value). Lightning
     is not imported to find out: importing it takes seconds, and where no module has imported it,
@@ -157,16 +387,35 @@ def run_command(command: Callable[..., object], *args, **kwargs) -> None:
         fail(e, USAGE)
 
 
-def run_parsed(command: Callable[..., object], parser: Parser, args: list[str], **derived) -> None:
-    """Parse `args` with `parser` and `run_command` `command` with the options as keywords, the
-    `--data KEY=VALUE` items read into a dict; `derived` maps an option to a function of its value
-    that gives (keyword, value) instead."""
-    options = vars(parser.parse_args(args))
-    for name, derive in derived.items():
-        key, value = derive(options.pop(name))
-        options[key] = value
-    options["data"] = parse_data_options(options.get("data") or [])
-    run_command(lambda: command(**options))
+@dataclass(frozen=True)
+class Command:
+    """A command line: its name, what it does, the dataclass of its options and the function that
+    takes them; `subcommands` are the commands run by their name as the first word
+    (`vit-attention score ...`)."""
+
+    prog: str
+    description: str
+    options: type
+    function: Callable[[Any], object]
+    epilog: str | None = None
+    subcommands: dict[str, Command] = field(default_factory=dict)
+
+    def parser(self) -> Parser:
+        parser = Parser(prog=self.prog, description=self.description, epilog=self.epilog)
+        add_options(parser, self.options)
+        return parser
+
+    def main(self, args: list[str] | None = None) -> None:
+        """Run the command on `args` (default: the process's arguments), or the subcommand its
+        first word names."""
+        args = sys.argv[1:] if args is None else [str(a) for a in args]
+        if args[:1] and args[0] in self.subcommands:
+            return self.subcommands[args[0]].main(args[1:])
+        parsed = vars(self.parser().parse_args(args))
+        run_command(lambda: self.function(read_options(self.options, parsed)))
+
+
+# ---- what the commands print and write ----
 
 
 def progress_bar(what: str) -> Callable:

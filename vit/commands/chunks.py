@@ -12,53 +12,57 @@ litdata is imported inside `chunks`, not at the top: `vit-chunks --help` needs n
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
-from vit.commands.base import Parser, run_command
+from vit.commands.base import Command, option
 
 
-def chunks(root: str | Path, out: str | Path, **options) -> dict:
+@dataclass
+class ChunksOptions:
+    """The options of vit-chunks: those of `vit.streaming.write_chunks`."""
+
+    root: str = option(None, "the image folders", required=True, metavar="DIR")
+    out: str = option(None, "a new folder for the chunks", required=True, metavar="DIR")
+    classes: list[str] | None = option(
+        None,
+        "the classes in label order; default: the sorted class folders of train",
+        nargs="+",
+        metavar="NAME",
+    )
+    on_bad_file: str = option(
+        "error",
+        "an image that cannot be decoded stops the run (error) or is left out and listed (skip)",
+        choices=["error", "skip"],
+    )
+    chunk_bytes: str = option("64MB", "the size of one chunk file")
+    val_size: float = option(
+        0.1,
+        "without ROOT/val/: the training images written as the val split, a fraction below 1 or a count",
+        type=float,
+        metavar="N",
+        read=lambda size: size if size < 1 else int(size),
+    )
+    seed: int = option(0, "draws the held-out val images", type=int)
+
+
+def chunks(options: ChunksOptions) -> dict:
     from vit.streaming import write_chunks
 
-    return write_chunks(root, out, **options)
+    return write_chunks(**asdict(options))
 
 
-def parser() -> Parser:
-    parser = Parser(
-        prog="vit-chunks",
-        description=(
-            "Write image folders (ROOT/train/<class>/<images>, and ROOT/val/, ROOT/test/ alike) as "
-            "litdata chunks that a data module streams, for data that outgrows memory: each image "
-            "file's bytes as they are (JPEG stays JPEG) and its label, per split, with vit.json "
-            "(the classes, the counts). Every image is decoded once first: a bad file is named."
-        ),
-    )
-    parser.add_argument("--root", required=True, metavar="DIR", help="the image folders")
-    parser.add_argument("--out", required=True, metavar="DIR", help="a new folder for the chunks")
-    parser.add_argument(
-        "--classes", nargs="+", default=None, metavar="NAME",
-        help="the classes in label order; default: the sorted class folders of train",
-    )  # fmt: skip
-    parser.add_argument(
-        "--on_bad_file", default="error", choices=["error", "skip"],
-        help="an image that cannot be decoded stops the run (error) or is left out and listed (skip)",
-    )  # fmt: skip
-    parser.add_argument("--chunk_bytes", default="64MB", help="the size of one chunk file")
-    parser.add_argument(
-        "--val_size", type=float, default=0.1, metavar="N",
-        help="without ROOT/val/: the training images written as the val split, a fraction below 1 or a count",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="draws the held-out val images")
-    return parser
-
-
-def main(args: list[str] | None = None) -> None:
-    options = parser().parse_args(sys.argv[1:] if args is None else [str(a) for a in args])
-    val_size = options.val_size if options.val_size < 1 else int(options.val_size)
-    run_command(chunks, options.root, options.out, classes=options.classes, on_bad_file=options.on_bad_file,
-                chunk_bytes=options.chunk_bytes, val_size=val_size, seed=options.seed)  # fmt: skip
-
+COMMAND = Command(
+    prog="vit-chunks",
+    description=(
+        "Write image folders (ROOT/train/<class>/<images>, and ROOT/val/, ROOT/test/ alike) as "
+        "litdata chunks that a data module streams, for data that outgrows memory: each image "
+        "file's bytes as they are (JPEG stays JPEG) and its label, per split, with vit.json "
+        "(the classes, the counts). Every image is decoded once first: a bad file is named."
+    ),
+    options=ChunksOptions,
+    function=chunks,
+)
+main = COMMAND.main
 
 if __name__ == "__main__":
     main()

@@ -23,20 +23,21 @@ importing them takes seconds, and `vit-eval --help` needs none of them.
 from __future__ import annotations
 
 import json
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit.commands.base import (
-    Parser,
-    add_data_argument,
-    add_device_argument,
-    add_source_arguments,
+    Command,
+    Source,
+    check_datamodule,
     check_out_folder,
-    run_command,
+    data_option,
+    option,
+    out_option,
+    torch_device,
     write_outputs,
 )
-from vit.commands.inputs import check_datamodule, parse_data_options, torch_device
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -100,137 +101,184 @@ def format_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate(
-    ckpt: str | Path | None = None,
-    split: str = "test",
-    data: dict | None = None,
-    tta: bool = False,
-    batch_size: int | None = None,
-    out: str | Path | None = None,
-    device: str = "auto",
-    progress: bool = True,
-    model: str | None = None,
-    weights: str | Path | None = None,
-    datamodule_class: str | None = None,
-) -> dict:
+TTA_HELP = (
+    "average the probabilities of each image and its mirror image (flipped left to right); only for "
+    "data whose classes survive a mirror (not two circles: a flip swaps / and \\)"
+)
+
+
+@dataclass
+class EvalOptions(Source):
+    """The options of vit-eval: `Source` (the network), the split and its data module's arguments."""
+
+    batch_size: int | None = option(None, "images per batch; null: the data module's", type=int, metavar="N")
+    split: str = option("test", "which split to measure", choices=SPLITS)
+    data: dict = data_option()
+    tta: bool = option(False, TTA_HELP, action="store_true")
+    out: str | None = out_option(None, "metrics.json and the plots; null: print only")
+
+
+@dataclass
+class Measured:
+    """What `evaluate` measures: a data set, its class names, the network and how it was given."""
+
+    network: object  # an nn.Module in eval mode
+    dataset: object  # a split of a data module, or the images of a folder of class folders
+    classes: list[str]
+    batch_size: int
+    about: dict  # where the network and the data came from, for metrics.json
+    present: list[int] | None = None  # a folder's classes, where they are a subset of the model's
+
+
+def evaluate(options: EvalOptions, progress: bool = True) -> dict:
     """Measure a checkpoint on a split of its data module, or a model (`model`: timm:NAME,
     hf:ID, a vit-export folder; `weights` its file) on a folder of class folders
     (data={"root": FOLDER}); print the table; with `out`, write metrics.json, confusion.png and
     reliability.png there. Returns the metrics.
 
     `data` overrides arguments of the data module rebuilt from the checkpoint (another folder,
-    another test split); `batch_size` is the same as data={"batch_size": ...}; `datamodule_class`
+    another test split); `batch_size` is the same as data={"batch_size": ...}; `datamodule`
     names its class when it is the user's own (`vit.checkpoint.load_checkpoint`). A model's class
     folders are named by its class names or, for ImageNet heads, synsets (n01440764); they may be
     a subset of its classes (a prediction of another class is wrong).
     """
-    import torch
-
-    from vit.checkpoint import check_source, load_checkpoint, load_network
     from vit.metrics import classification_metrics, collect_probabilities, restrict_to
-    from vit.plot import confusion_figure, reliability_figure
 
-    if split not in SPLITS:
-        raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    check_source(ckpt, model, weights, datamodule_class)
-    device = torch_device(device)
-    data = dict(data or {})
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"batch_size={batch_size} must be at least 1")
-    check_out_folder(out)
-    if model is None:
-        if batch_size is not None:
-            data["batch_size"] = batch_size
-        network, datamodule = load_checkpoint(ckpt, data=data, datamodule_class=datamodule_class)
-        if datamodule is None:
-            raise ValueError(f"{ckpt} names no data module to evaluate on; vit-eval predict reads files")
-        check_datamodule(datamodule)
-        datamodule.prepare_data()  # a download, where the data module was told to make one
-        dataset, classes, present = datamodule.split(split), [str(c) for c in datamodule.classes], None
-        batch_size = datamodule.hparams.get("batch_size", 128)
-        about = {"checkpoint": str(ckpt), "split": split, "data_module": type(datamodule).__name__}
-        about |= {"data_overrides": data, "data": dict(getattr(datamodule, "hparams", {}))}
-    else:
-        if split != "test" or set(data) != {"root"}:
-            raise UsageError("with --model, give the images as --data root=FOLDER (FOLDER/<class>/<images>)")
-        network, preparation = load_network(ckpt, model, weights)
-        dataset, present = folder_split(Path(data["root"]), preparation)
-        classes, batch_size = list(preparation.classes), batch_size or 64
-        about = {"model": model, "weights": None if weights is None else str(weights), "split": "test"}
-        about |= {"data_module": "class folders", "data_overrides": data, "data": data}
+    if options.split not in SPLITS:
+        raise UsageError(f"unknown split {options.split!r}; choose one of {', '.join(SPLITS)}")
+    options.check_source()
+    device = torch_device(options.device)
+    if options.batch_size is not None and options.batch_size < 1:
+        raise UsageError(f"batch_size={options.batch_size} must be at least 1")
+    check_out_folder(options.out)
+    measured = checkpoint_split(options) if options.model is None else model_folder(options)
     probabilities, labels = collect_probabilities(
-        network, dataset, batch_size, tta, device, progress, desc=f"{split} split"
+        measured.network,
+        measured.dataset,
+        measured.batch_size,
+        options.tta,
+        device,
+        progress,
+        desc=f"{options.split} split",
     )
+    classes = measured.classes
     if probabilities.shape[1] != len(classes):
         raise ValueError(
             f"the model predicts {probabilities.shape[1]} classes, the data has {len(classes)}: {classes}"
         )
-    metrics = {**about, "tta": tta, **classification_metrics(probabilities, labels, classes)}
-    if present is not None and len(present) < len(classes):
-        metrics = restrict_to(metrics, present, classes)
+    metrics = {**measured.about, "tta": options.tta, **classification_metrics(probabilities, labels, classes)}
+    if measured.present is not None and len(measured.present) < len(classes):
+        metrics = restrict_to(metrics, measured.present, classes)
     print(format_table(metrics))
-    if out is not None:
-        out = Path(out)
-        reliability = metrics["reliability"]
-        title = f"{Path(ckpt or model).name}, {split} split{', flip TTA' if tta else ''}"
-        shown = list(metrics["per_class"])
-        files = {
-            "metrics.json": json.dumps(metrics, indent=2, default=str) + "\n",
-            "confusion.png": confusion_figure(
-                torch.tensor(metrics["confusion_matrix"]),
-                shown,
-                f"confusion matrix\n{title}",
-                metrics.get("confusion_columns"),
-            ),
-            "reliability.png": reliability_figure(
-                torch.tensor(reliability["count"]),
-                torch.tensor(reliability["confidence"]),
-                torch.tensor(reliability["accuracy"]),
-                metrics["ece"],
-                title=f"{title}\n",
-            ),
-        }
+    if options.out is not None:
         print()
-        write_outputs(out, files)
+        write_outputs(options.out, evaluation_files(metrics, options))
     return metrics
 
 
-def predict(
-    ckpt: str | Path | None,
-    images: list[str | Path],
-    top_k: int = 5,
-    tta: bool = False,
-    batch_size: int = 64,
-    device: str = "auto",
-    model: str | None = None,
-    weights: str | Path | None = None,
-    datamodule_class: str | None = None,
-) -> list[dict]:
+def checkpoint_split(options: EvalOptions) -> Measured:
+    """A checkpoint's network and a split of its data module, rebuilt with `options.data`."""
+    from vit.checkpoint import load_checkpoint
+
+    data = dict(options.data)
+    if options.batch_size is not None:
+        data["batch_size"] = options.batch_size
+    network, datamodule = load_checkpoint(options.ckpt, data=data, datamodule_class=options.datamodule)
+    if datamodule is None:
+        raise ValueError(f"{options.ckpt} names no data module to evaluate on; vit-eval predict reads files")
+    check_datamodule(datamodule)
+    datamodule.prepare_data()  # a download, where the data module was told to make one
+    about = {
+        "checkpoint": str(options.ckpt),
+        "split": options.split,
+        "data_module": type(datamodule).__name__,
+    }
+    about |= {"data_overrides": data, "data": dict(getattr(datamodule, "hparams", {}))}
+    classes = [str(c) for c in datamodule.classes]
+    batch_size = datamodule.hparams.get("batch_size", 128)
+    return Measured(network, datamodule.split(options.split), classes, batch_size, about)
+
+
+def model_folder(options: EvalOptions) -> Measured:
+    """A model of another library (or a vit-export folder) and a folder of class folders."""
+    from vit.checkpoint import load_network
+
+    data = dict(options.data)
+    if options.split != "test" or set(data) != {"root"}:
+        raise UsageError("with --model, give the images as --data root=FOLDER (FOLDER/<class>/<images>)")
+    network, preparation = load_network(options.ckpt, options.model, options.weights)
+    dataset, present = folder_split(Path(data["root"]), preparation)
+    weights = None if options.weights is None else str(options.weights)
+    about = {"model": options.model, "weights": weights, "split": "test"}
+    about |= {"data_module": "class folders", "data_overrides": data, "data": data}
+    return Measured(network, dataset, list(preparation.classes), options.batch_size or 64, about, present)
+
+
+def evaluation_files(metrics: dict, options: EvalOptions) -> dict:
+    """metrics.json, confusion.png and reliability.png, by file name."""
+    import torch
+
+    from vit.plot import confusion_figure, reliability_figure
+
+    reliability = metrics["reliability"]
+    tta = ", flip TTA" if options.tta else ""
+    title = f"{Path(options.ckpt or options.model).name}, {options.split} split{tta}"
+    return {
+        "metrics.json": json.dumps(metrics, indent=2, default=str) + "\n",
+        "confusion.png": confusion_figure(
+            torch.tensor(metrics["confusion_matrix"]),
+            list(metrics["per_class"]),
+            f"confusion matrix\n{title}",
+            metrics.get("confusion_columns"),
+        ),
+        "reliability.png": reliability_figure(
+            torch.tensor(reliability["count"]),
+            torch.tensor(reliability["confidence"]),
+            torch.tensor(reliability["accuracy"]),
+            metrics["ece"],
+            title=f"{title}\n",
+        ),
+    }
+
+
+@dataclass
+class PredictOptions(Source):
+    """The options of vit-eval predict: `Source` (the network) and the image files."""
+
+    images: list[str] | None = option(None, "image files", positional=True, nargs="+", metavar="IMAGE")
+    top_k: int = option(5, "how many classes to list per file", type=int, metavar="K")
+    tta: bool = option(False, TTA_HELP, action="store_true")
+
+
+def predict(options: PredictOptions) -> list[dict]:
     """Classify image files (any size or mode), prepared as the checkpoint's (or the model's)
     preparation says, and print, as JSON, each file's `top_k` classes with their probabilities,
     most probable first. Returns that list. Needs only the checkpoint: no data module, no data
-    files (`datamodule_class`: see `vit.checkpoint.preparation_of`)."""
+    files (`datamodule`: see `vit.checkpoint.preparation_of`)."""
     from vit.checkpoint import load_network
     from vit.metrics import predict_probabilities
     from vit.preparation import read_images
 
+    top_k, batch_size = options.top_k, options.batch_size
     if top_k < 1 or batch_size < 1:
         raise UsageError(f"top_k={top_k} and batch_size={batch_size} must be at least 1")
-    device = torch_device(device)
-    files = [Path(f) for f in images]
+    device = torch_device(options.device)
+    files = [Path(f) for f in options.images or []]
+    if not files:
+        raise UsageError("give image files to classify")
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"image not found: {file}")
-    network, preparation = load_network(ckpt, model, weights, datamodule_class)
+    network, preparation = load_network(options.ckpt, options.model, options.weights, options.datamodule)
     classes = list(preparation.classes)
     if not classes:
-        raise UsageError(f"{model} has no head (it outputs features): it has no classes to predict")
+        raise UsageError(f"{options.model} has no head (it outputs features): it has no classes to predict")
     network.to(device)
     results = []
     for start in range(0, len(files), batch_size):  # a batch of pictures at a time bounds the memory
         chunk = files[start : start + batch_size]
         batch = read_images(chunk, preparation).to(device)
-        top = predict_probabilities(network, batch, tta).cpu().topk(min(top_k, len(classes)), dim=-1)
+        top = predict_probabilities(network, batch, options.tta).cpu().topk(min(top_k, len(classes)), dim=-1)
         for file, values, indices in zip(chunk, top.values.tolist(), top.indices.tolist(), strict=True):
             ranked = [
                 {"class": classes[i], "index": i, "probability": p}
@@ -241,96 +289,34 @@ def predict(
     return results
 
 
-TTA_HELP = (
-    "average the probabilities of each image and its mirror image (flipped left to right); only for "
-    "data whose classes survive a mirror (not two circles: a flip swaps / and \\)"
+PREDICT = Command(
+    prog="vit-eval predict",
+    description=(
+        "Classify image files of any size or mode, prepared as the checkpoint (or --model) says (as its "
+        "data module prepared test images; the data itself is not needed), and print each "
+        "file's top classes with their probabilities "
+        'as JSON: [{"file": ..., "top_k": [{"class": ..., "index": ..., "probability": ...}]}].'
+    ),
+    options=PredictOptions,
+    function=predict,
 )
-
-
-def evaluate_parser() -> Parser:
-    parser = Parser(
-        prog="vit-eval",
-        description=(
-            "Measure a checkpoint on the test (or validation) split of the data module it was "
-            "trained with: top-1 (and top-5 beyond 5 classes) accuracy, expected calibration "
-            "error, negative log-likelihood and per-class accuracy. Prints a table; with --out, "
-            "writes metrics.json, confusion.png and reliability.png. Checkpoints are read "
-            "without unpickling code. Or measure a model of timm or Hugging Face (or a vit-export "
-            "folder: --model) on a folder of class folders named by its classes or ImageNet "
-            "synsets (--data root=FOLDER)."
-        ),
-        epilog="To classify image files: vit-eval predict --help",
-    )
-    add_source_arguments(parser)
-    parser.add_argument("--split", default="test", choices=SPLITS, help="which split to measure")
-    add_data_argument(parser)
-    parser.add_argument("--tta", action="store_true", help=TTA_HELP)
-    parser.add_argument(
-        "--batch_size",
-        type=int,
-        default=None,
-        metavar="N",
-        help="images per batch; null: the data module's",
-    )
-    parser.add_argument(
-        "--out", default=None, metavar="DIR", help="folder for metrics.json and the plots; null: print only"
-    )
-    add_device_argument(parser)
-    return parser
-
-
-def predict_parser() -> Parser:
-    parser = Parser(
-        prog="vit-eval predict",
-        description=(
-            "Classify image files of any size or mode, prepared as the checkpoint (or --model) says (as its "
-            "data module prepared test images; the data itself is not needed), and print each "
-            "file's top classes with their probabilities "
-            'as JSON: [{"file": ..., "top_k": [{"class": ..., "index": ..., "probability": ...}]}].'
-        ),
-    )
-    add_source_arguments(parser)
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    parser.add_argument("--top_k", type=int, default=5, metavar="K", help="how many classes to list per file")
-    parser.add_argument("--tta", action="store_true", help=TTA_HELP)
-    parser.add_argument("--batch_size", type=int, default=64, metavar="N", help="images per forward pass")
-    add_device_argument(parser)
-    return parser
-
-
-def main(args: list[str] | None = None) -> None:
-    args = sys.argv[1:] if args is None else [str(a) for a in args]
-    if args[:1] == ["predict"]:
-        options = predict_parser().parse_args(args[1:])
-        run_command(
-            predict,
-            options.ckpt,
-            options.images,
-            top_k=options.top_k,
-            tta=options.tta,
-            batch_size=options.batch_size,
-            device=options.device,
-            model=options.model,
-            weights=options.weights,
-            datamodule_class=options.datamodule_class,
-        )
-    else:
-        options = evaluate_parser().parse_args(args)
-        run_command(
-            lambda: evaluate(
-                options.ckpt,
-                split=options.split,
-                data=parse_data_options(options.data),
-                tta=options.tta,
-                batch_size=options.batch_size,
-                out=options.out,
-                device=options.device,
-                model=options.model,
-                weights=options.weights,
-                datamodule_class=options.datamodule_class,
-            )
-        )
-
+COMMAND = Command(
+    prog="vit-eval",
+    description=(
+        "Measure a checkpoint on the test (or validation) split of the data module it was "
+        "trained with: top-1 (and top-5 beyond 5 classes) accuracy, expected calibration "
+        "error, negative log-likelihood and per-class accuracy. Prints a table; with --out, "
+        "writes metrics.json, confusion.png and reliability.png. Checkpoints are read "
+        "without unpickling code. Or measure a model of timm or Hugging Face (or a vit-export "
+        "folder: --model) on a folder of class folders named by its classes or ImageNet "
+        "synsets (--data root=FOLDER)."
+    ),
+    epilog="To classify image files: vit-eval predict --help",
+    options=EvalOptions,
+    function=evaluate,
+    subcommands={"predict": PREDICT},
+)
+main = COMMAND.main
 
 if __name__ == "__main__":
     main()

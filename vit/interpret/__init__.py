@@ -10,6 +10,7 @@ and tokens carry the prediction. Each module builds only on the ones it names:
     hooks         where the tools read and write a ViT (hook points, the explicit path)
     stats         bootstrap intervals, Spearman's correlation and its test
     figures       matplotlib figures of all of the above (reads their results, no model code)
+    tables        the text tables of score, heads and patch (reads their results) <- stats
 
 `heads` and `patching` import nothing from `score`; the commands in `vit.commands` print
 and save what these return.
