@@ -12,7 +12,7 @@ passes the protocol needs (`passes_needed`: a gradient map or a gradient pass co
 forward passes, as a backward pass costs about two).
 
 `training`: val/acc and the relevance mass of rollout and gradient rollout on the circles'
-patches (`vit.callbacks.EvidenceMass`, on in configs/two_circles.yaml) against the step.
+patches (`vit.interpret.callbacks.EvidenceMass`, on in configs/two_circles.yaml) against the step.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import torch
 from matplotlib.figure import Figure
 
 from vit import load_pretrained
-from vit.callbacks import EvidenceMass
 from vit.checkpoint import load_checkpoint
 from vit.datamodules import spread_test_images
+from vit.interpret.callbacks import EvidenceMass
 from vit.interpret.evidence import patch_evidence
 from vit.interpret.score import METHODS, evidence_mass, removal_counts, score
 from vit.plot import save_figure
@@ -97,7 +97,7 @@ def speed(args: argparse.Namespace) -> None:
         print(f"demo model, {len(images)} test images, all {len(results['methods'])} methods, deletion and "
               f"insertion{', sanity checks' if sanity else ''}: {seconds:.1f} s")  # fmt: skip
 
-    # what vit.callbacks.EvidenceMass does after each validation, on its 64 validation images
+    # what vit.interpret.callbacks.EvidenceMass does after each validation, on its 64 validation images
     val, val_evidence = data.split("val")[:64][0], patch_evidence(model, data.evidence("val")[:64])
     start, rounds = time.perf_counter(), 5
     for _ in range(rounds):

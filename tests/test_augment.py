@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from syncs import WouldWait
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,9 +24,9 @@ from vit.augment import (
     magnitudes,
     mix,
     rand_augment,
+    random_crop_flip,
     trivial_augment,
 )
-from vit.datamodules import random_crop_flip
 
 
 def images(n: int = 6, channels: int = 3, size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -207,3 +208,18 @@ def test_the_magnitude_tables_are_torchvisions():
     assert math.isclose(
         magnitudes("randaugment", 32, 64)[OPS.index("TranslateX")][-1], 150 / 331 * 64, rel_tol=1e-6
     )
+
+
+def test_crop_and_flip_draw_per_sample():
+    image = (torch.arange(64) + 1).to(torch.uint8).view(1, 1, 8, 8)  # every pixel different
+    batch = image.expand(64, 1, 8, 8)
+    padded = F.pad(image, (2, 2, 2, 2))[0, 0]
+    windows = {(dy, dx): padded[dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)}
+    cropped = random_crop_flip(batch, padding=2, flip=False)
+    offsets = [[o for o, window in windows.items() if torch.equal(c[0], window)] for c in cropped]
+    assert all(len(o) == 1 for o in offsets)  # each output is one window of the padded image
+    assert len({o[0] for o in offsets}) > 5  # drawn per sample
+
+    flipped = random_crop_flip(batch, padding=0, flip=True)
+    mirrored = (flipped == batch.flip(-1)).flatten(1).all(1)
+    assert ((flipped == batch).flatten(1).all(1) | mirrored).all() and 0 < mirrored.sum() < 64

@@ -113,3 +113,20 @@ def test_a_checkpoint_whose_data_module_had_policy_groups_builds_it(trained_chec
         ImageFolders(**{k: v for k, v in ckpt["datamodule_hyper_parameters"].items() if k != "_class_path"})
     _, data = load_checkpoint(old)
     assert isinstance(data, ImageFolders) and data.policy is not None
+
+
+def test_a_saved_config_naming_vit_callbacks_evidence_mass_trains_with_it(tmp_path):
+    """EvidenceMass lived in vit.callbacks until it moved into vit.interpret: a run's saved
+    config.yaml (and configs/two_circles.yaml then) names it there, and still builds it."""
+    from vit.interpret.callbacks import EvidenceMass
+
+    config = FIXTURES / "two_circles_config.yaml"
+    assert "class_path: vit.callbacks.EvidenceMass" in config.read_text()
+    args = ["fit", "--config", str(config), "--data.init_args.num_train", "64"]
+    args += ["--data.init_args.num_val", "64", "--data.init_args.num_test", "64"]
+    args += ["--data.init_args.batch_size", "64", "--trainer.max_epochs", "1"]
+    args += ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    args += ["--trainer.logger.init_args.save_dir", str(tmp_path)]
+    cli = run(args)
+    assert [c for c in cli.trainer.callbacks if isinstance(c, EvidenceMass)]
+    assert "val/evidence_mass_rollout" in cli.trainer.callback_metrics

@@ -33,7 +33,6 @@ from vit.datamodules import (
     InMemory,
     batches,
     holdout,
-    random_crop_flip,
 )
 from vit.errors import DataError, DataNotFoundError, UsageError
 from vit.preparation import Preparation, prepare
@@ -285,21 +284,6 @@ def test_prepared_files_match_the_test_loader(tmp_path):
     assert torch.equal(prepare([Image.open(f) for f in files], data.preparation), x)
     circles = prepare([Image.new("RGB", (40, 30), "white")], TwoCircles().preparation)
     assert circles.shape == (1, 1, 32, 32) and circles.dtype == torch.float32 and circles.min() == 1
-
-
-def test_crop_and_flip_draw_per_sample():
-    image = (torch.arange(64) + 1).to(torch.uint8).view(1, 1, 8, 8)  # every pixel different
-    batch = image.expand(64, 1, 8, 8)
-    padded = F.pad(image, (2, 2, 2, 2))[0, 0]
-    windows = {(dy, dx): padded[dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)}
-    cropped = random_crop_flip(batch, padding=2, flip=False)
-    offsets = [[o for o, window in windows.items() if torch.equal(c[0], window)] for c in cropped]
-    assert all(len(o) == 1 for o in offsets)  # each output is one window of the padded image
-    assert len({o[0] for o in offsets}) > 5  # drawn per sample
-
-    flipped = random_crop_flip(batch, padding=0, flip=True)
-    mirrored = (flipped == batch.flip(-1)).flatten(1).all(1)
-    assert ((flipped == batch).flatten(1).all(1) | mirrored).all() and 0 < mirrored.sum() < 64
 
 
 @pytest.mark.parametrize("policy", ["none", "trivial", "randaugment"])

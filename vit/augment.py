@@ -1,7 +1,8 @@
-"""Augmentation of whole batches on their device, each image drawing its own operation:
-TrivialAugment Wide (Müller & Hutter, 2021) and RandAugment (Cubuk et al., 2020) with
-torchvision's operations and magnitudes (`torchvision.transforms.v2`), then MixUp (Zhang et al.,
-2018) or CutMix (Yun et al., 2019).
+"""Augmentation of whole batches on their device, each image drawing its own operation: random
+crops of the zero-padded images and horizontal flips (`random_crop_flip`), TrivialAugment Wide
+(Müller & Hutter, 2021) and RandAugment (Cubuk et al., 2020) with torchvision's operations and
+magnitudes (`torchvision.transforms.v2`), then MixUp (Zhang et al., 2018) or CutMix (Yun et al.,
+2019).
 
 Why by hand: torchvision's v2 policies draw one operation and magnitude for the whole tensor they
 are given, and some of their kernels make a CUDA host wait (autocontrast indexes with a boolean
@@ -30,6 +31,25 @@ OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Br
 GEOMETRIC = OPS[1:6]
 SIGNED = OPS[1:10]  # ShearX to Sharpness: a range of indices, so a draw tests it without a lookup table
 BINS = 31  # magnitude bins, as torchvision's
+
+
+def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
+    """Per-sample random crops of the zero-padded images and per-sample horizontal flips, as one
+    gather: sample i reads rows dy_i + (0..H-1) and columns dx_i + (0..W-1), the columns
+    reversed when it is mirrored. (B, C, H, W) of any dtype, on any device."""
+    b, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (padding,) * 4) if padding else images
+    dy = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
+    dx = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
+    rows = dy + torch.arange(h, device=device)  # (B, H)
+    cols = dx + torch.arange(w, device=device)  # (B, W)
+    if flip:
+        mirrored = torch.rand(b, 1, device=device) < 0.5
+        cols = torch.where(mirrored, cols.flip(1), cols)
+    batch = torch.arange(b, device=device)[:, None, None, None]
+    channel = torch.arange(c, device=device)[None, :, None, None]
+    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
 
 
 @functools.cache

@@ -1,8 +1,8 @@
 """vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget;
 `LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
-network); `EMA`, a moving average of the weights; and `EvidenceMass`, which follows where the
-model's maps look while it learns."""
+network); and `EMA`, a moving average of the weights. (`EvidenceMass`, which follows where the
+model's maps look while it learns, is `vit.interpret.callbacks.EvidenceMass`.)"""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgress
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
+
+from vit import compat
 
 
 def training_timer(trainer: L.Trainer) -> Timer | None:
@@ -287,50 +289,6 @@ class EMA(WeightAveraging):
         return averages, currents, counters, current_counters
 
 
-class EvidenceMass(Callback):
-    """After each validation of `fit`, the relevance mass (`vit.interpret.evidence.evidence_scores`) of
-    attention rollout and gradient rollout on the first `num_images` validation images: the
-    share of each map on the patches that carry the label, logged as
-    `val/evidence_mass_rollout` and `val/evidence_mass_grad_rollout` (metrics.csv), beside
-    `val/evidence_share` (what a map that knows nothing scores). Does the model look at the
-    evidence before, while or after it learns the task? Data without evidence (its data module's
-    `evidence` gives None): one line, nothing logged. On in configs/two_circles.yaml; elsewhere
-    `--trainer.callbacks+=vit.callbacks.EvidenceMass`."""
-
-    def __init__(self, num_images: int = 64, methods: tuple[str, ...] = ("rollout", "grad-rollout")):
-        if num_images < 1:
-            raise ValueError(f"EvidenceMass num_images={num_images} must be at least 1")
-        self.num_images, self.methods = num_images, methods
-        self._data = None  # (images, evidence patches), taken at the first validation
-        self._off = False
-
-    def _take_data(self, trainer, pl_module) -> None:
-        from vit.interpret.evidence import patch_evidence
-        from vit.model import ViT
-
-        datamodule, network = trainer.datamodule, getattr(pl_module, "model", None)
-        evidence = getattr(datamodule, "evidence", lambda name: None)("val")
-        if not isinstance(network, ViT) or evidence is None:
-            why = f"{type(datamodule).__name__} has no evidence" if evidence is None else "not a ViT"
-            print(f"EvidenceMass: nothing to log ({why})")
-            self._off = True
-            return
-        images = datamodule.split("val")[: self.num_images][0]
-        self._data = images, patch_evidence(network, evidence[: len(images)])
-
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit" or self._off:
-            return
-        if self._data is None:
-            self._take_data(trainer, pl_module)
-            if self._off:
-                return
-        from vit.interpret.score import evidence_mass
-
-        images, evidence = self._data
-        # validation runs under inference mode; gradient rollout needs gradients
-        with torch.inference_mode(False), torch.enable_grad():
-            masses = evidence_mass(pl_module.model, images, evidence, self.methods)
-        for method, mass in masses.items():
-            pl_module.log(f"val/evidence_mass_{method.replace('-', '_')}", mass.item())
-        pl_module.log("val/evidence_share", evidence.float().mean().item())
+def __getattr__(name: str):
+    # a class that lived here in an earlier version, as configs name it (vit.compat.MOVED_CLASSES)
+    return compat.moved_class(__name__, name)

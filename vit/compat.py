@@ -14,10 +14,15 @@ New checkpoints carry `vit_format` and export folders' config.json `format_versi
 Within a version, an option that no longer exists is dropped from a checkpoint's data module
 (`REMOVED_DATA_OPTIONS`): the image data modules' `policy_groups` (a policy drew one operation per
 group of the batch; each image draws its own now).
+
+Within a version too, a class that moved to another module keeps its old class path
+(`MOVED_CLASSES`): the old module's `__getattr__` imports it from where it lives now, so that a
+config naming it the old way (configs/, a run's saved config.yaml) still loads.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 
 from vit.config import ViTConfig
@@ -34,6 +39,12 @@ CLASS_PATHS = {
 }
 
 REMOVED_DATA_OPTIONS = ("policy_groups",)
+
+# Old class path -> today's, within version 2. EvidenceMass left vit.callbacks for the interpret
+# package, so that the core modules import nothing from vit.interpret.
+MOVED_CLASSES = {
+    "vit.callbacks.EvidenceMass": "vit.interpret.callbacks.EvidenceMass",
+}
 
 VIT_OPTIONS = {f for f in ViTConfig.__dataclass_fields__}
 # The data facts stay ViTClassifier's own arguments too (vit-train links them from the data).
@@ -111,6 +122,15 @@ def export_config(config: dict) -> dict:
     if config.get("format_version", 1) < 2:
         config = {**config, "model": vit_options(config.get("model", {})), "format_version": FORMAT_VERSION}
     return config
+
+
+def moved_class(module: str, name: str) -> type:
+    """The class that `module` held as `name` in an earlier version (`MOVED_CLASSES`), imported
+    from its module today; for any other name, the AttributeError of a name the module lacks."""
+    if (path := MOVED_CLASSES.get(f"{module}.{name}")) is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new_module, new_name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(new_module), new_name)
 
 
 def old_option_hint(message: str) -> str | None:

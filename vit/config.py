@@ -108,66 +108,90 @@ class ViTConfig:
         sizes = {k: v for k, v in PRESETS[self.preset].items() if getattr(self, k) is None}
         c = replace(self, **sizes)
         c.image_size = pair(c.image_size)
-        image_h, image_w = c.image_size
+        c._check_sizes()
+        c._check_choices()
+        c._check_tokens_and_head()
+        c._check_stem()
+        c._check_attention()
+        return c
+
+    def _check_sizes(self) -> None:
+        """Positive sizes, heads that split the width, rates in [0, 1), patches that tile the image."""
         for name in ("dim", "depth", "heads", "patch_size"):
-            require(getattr(c, name) >= 1, f"{name}={getattr(c, name)} must be at least 1")
-        require(c.dim % c.heads == 0, f"dim={c.dim} is not divisible by heads={c.heads}")
+            require(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be at least 1")
+        require(self.dim % self.heads == 0, f"dim={self.dim} is not divisible by heads={self.heads}")
         for name in ("dropout", "drop_path", "patch_dropout"):
-            require(0 <= getattr(c, name) < 1, f"{name}={getattr(c, name)} must lie in [0, 1)")
-        if image_h % c.patch_size or image_w % c.patch_size:
-            raise UsageError(f"image size {image_h}x{image_w} is not divisible by patch size {c.patch_size}")
-        if c.init not in ("timm", "torch"):
-            raise UsageError(f"init must be 'timm' or 'torch', got {c.init!r}")
-        if c.pool not in ("cls", "mean"):
-            raise UsageError(f"pool must be 'cls' or 'mean', got {c.pool!r}")
-        if c.pos_embed not in ("learned", "sincos", "periodic", "none"):
+            require(0 <= getattr(self, name) < 1, f"{name}={getattr(self, name)} must lie in [0, 1)")
+        image_h, image_w = self.image_size
+        if image_h % self.patch_size or image_w % self.patch_size:
             raise UsageError(
-                f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {c.pos_embed!r}"
+                f"image size {image_h}x{image_w} is not divisible by patch size {self.patch_size}"
             )
-        require(c.class_token or c.pool == "mean", "a model without a class token needs pool='mean'")
-        require(c.class_token or not c.distilled, "a distillation token goes with a class token")
-        require(c.num_registers >= 0, f"num_registers={c.num_registers} must be >= 0")
-        require(not (c.distilled and c.fc_norm), "distilled and fc_norm do not combine")
+
+    def _check_choices(self) -> None:
+        """The options that name one of a few choices."""
+        if self.init not in ("timm", "torch"):
+            raise UsageError(f"init must be 'timm' or 'torch', got {self.init!r}")
+        if self.pool not in ("cls", "mean"):
+            raise UsageError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+        if self.pos_embed not in ("learned", "sincos", "periodic", "none"):
+            raise UsageError(
+                f"pos_embed must be 'learned', 'sincos', 'periodic' or 'none', got {self.pos_embed!r}"
+            )
+
+    def _check_tokens_and_head(self) -> None:
+        """Prefix tokens that go together, a head that fits them, and the input's mean and std."""
+        require(self.class_token or self.pool == "mean", "a model without a class token needs pool='mean'")
+        require(self.class_token or not self.distilled, "a distillation token goes with a class token")
+        require(self.num_registers >= 0, f"num_registers={self.num_registers} must be >= 0")
+        require(not (self.distilled and self.fc_norm), "distilled and fc_norm do not combine")
         require(
-            c.num_classes >= 0 and (c.num_classes or not c.distilled),
-            f"num_classes={c.num_classes} must be >= 1",
+            self.num_classes >= 0 and (self.num_classes or not self.distilled),
+            f"num_classes={self.num_classes} must be >= 1",
         )
-        require((c.mean is None) == (c.std is None), "mean and std go together")
-        if c.mean is not None:
+        require((self.mean is None) == (self.std is None), "mean and std go together")
+        if self.mean is not None:
             require(
-                len(c.mean) == len(c.std) == c.in_channels, f"mean and std need {c.in_channels} values each"
+                len(self.mean) == len(self.std) == self.in_channels,
+                f"mean and std need {self.in_channels} values each",
             )
-            require(all(s > 0 for s in c.std), f"std={c.std} must be positive")
-        if c.conv_stem_strides is not None:
+            require(all(s > 0 for s in self.std), f"std={self.std} must be positive")
+
+    def _check_stem(self) -> None:
+        """A conv stem of positive widths and strides of 1 or 2, whose stride divides the patch."""
+        if self.conv_stem_strides is not None:
             require(
-                c.conv_stem is not None and len(c.conv_stem_strides) == len(c.conv_stem),
-                f"conv_stem_strides={list(c.conv_stem_strides)} needs one stride per conv_stem entry",
+                self.conv_stem is not None and len(self.conv_stem_strides) == len(self.conv_stem),
+                f"conv_stem_strides={list(self.conv_stem_strides)} needs one stride per conv_stem entry",
             )
-            require(all(s in (1, 2) for s in c.conv_stem_strides), "conv_stem_strides must be 1s and 2s")
-        if c.conv_stem:
+            require(all(s in (1, 2) for s in self.conv_stem_strides), "conv_stem_strides must be 1s and 2s")
+        if self.conv_stem:
             require(
-                all(n >= 1 for n in c.conv_stem), f"conv_stem={list(c.conv_stem)} needs positive channels"
+                all(n >= 1 for n in self.conv_stem),
+                f"conv_stem={list(self.conv_stem)} needs positive channels",
             )
             require(
-                c.patch_size % c.stem_stride == 0,
-                f"patch_size={c.patch_size} is not divisible by the stem's {c.stem_stride}",
+                self.patch_size % self.stem_stride == 0,
+                f"patch_size={self.patch_size} is not divisible by the stem's {self.stem_stride}",
             )
-            require(not c.shifted_patches, "conv_stem and shifted_patches do not combine")
-        if c.attn_window is not None:
+            require(not self.shifted_patches, "conv_stem and shifted_patches do not combine")
+
+    def _check_attention(self) -> None:
+        """The attention window and relative position bias, with what each needs of the tokens."""
+        if self.attn_window is not None:
             # the class token would carry global information, so it is cut off: a local model
-            require(c.pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
-            require(c.attn_window >= 0, f"attn_window={c.attn_window} must be >= 0")
-            require(c.patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
-            require(not c.locality_attention, "attn_window and locality_attention do not combine")
-            require(c.num_prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
-        if c.rel_pos_bias:
-            require(c.attn_window is None, "rel_pos_bias and attn_window do not combine")
-            require(c.patch_dropout == 0, "rel_pos_bias needs every patch (patch_dropout 0)")
+            require(self.pool == "mean", "attn_window needs pool='mean' (the class token is cut off)")
+            require(self.attn_window >= 0, f"attn_window={self.attn_window} must be >= 0")
+            require(self.patch_dropout == 0, "attn_window needs every patch (patch_dropout 0)")
+            require(not self.locality_attention, "attn_window and locality_attention do not combine")
+            require(self.num_prefix_tokens == 1, "attn_window needs the class token as the only prefix token")
+        if self.rel_pos_bias:
+            require(self.attn_window is None, "rel_pos_bias and attn_window do not combine")
+            require(self.patch_dropout == 0, "rel_pos_bias needs every patch (patch_dropout 0)")
             require(
-                c.num_prefix_tokens == int(c.class_token),
+                self.num_prefix_tokens == int(self.class_token),
                 "rel_pos_bias takes a class token at most (no distillation token, no registers)",
             )
-        return c
 
 
 def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vit.augment import POLICIES, mix
+from vit.augment import POLICIES, mix, random_crop_flip
 from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder, read_masks
 from vit.errors import DataError, DataNotFoundError, one_line, require
 from vit.preparation import Preparation, to_float
@@ -49,25 +49,6 @@ FASHION_MNIST_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 FASHION_MNIST_NAMES = [name for pair in FASHION_MNIST_FILES.values() for name in pair]
-
-
-def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
-    """Per-sample random crops of the zero-padded images and per-sample horizontal flips, as one
-    gather: sample i reads rows dy_i + (0..H-1) and columns dx_i + (0..W-1), the columns
-    reversed when it is mirrored. (B, C, H, W) of any dtype, on any device."""
-    b, c, h, w = images.shape
-    device = images.device
-    padded = F.pad(images, (padding,) * 4) if padding else images
-    dy = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
-    dx = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
-    rows = dy + torch.arange(h, device=device)  # (B, H)
-    cols = dx + torch.arange(w, device=device)  # (B, W)
-    if flip:
-        mirrored = torch.rand(b, 1, device=device) < 0.5
-        cols = torch.where(mirrored, cols.flip(1), cols)
-    batch = torch.arange(b, device=device)[:, None, None, None]
-    channel = torch.arange(c, device=device)[None, :, None, None]
-    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
 
 
 def holdout(n: int, val_size: int | float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -159,6 +159,9 @@ class PatchEmbed(nn.Module):
 class ViT(nn.Module):
     """A ViT of `config` (`ViT(ViTConfig(preset="mini"))`, or the same as `ViT(preset="mini")`)."""
 
+    # One piece by choice (about 70 lines): the layers are built in the order `forward` uses them,
+    # to be read top to bottom beside the paper, as nanoGPT's GPT.__init__ is; that order is also
+    # the order of the initialisation's random draws (a seeded run's weights depend on it).
     def __init__(self, config: ViTConfig | None = None, **options):
         super().__init__()
         require(config is None or not options, "give a ViTConfig or options, not both")

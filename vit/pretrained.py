@@ -248,15 +248,26 @@ def _first(module: nn.Module, *names: str) -> nn.Module:
 
 def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
     _check_hf_features(model, name)
-    config = model.config
-    base = getattr(model, "vit", model)  # ViTForImageClassification wraps a ViTModel
-    embeddings = base.embeddings
+    ours = _hf_architecture(model, processor)
+    ours.load_state_dict({k: v.detach().clone() for k, v in _hf_state(model).items()})
+    return ours.eval(), _hf_preparation(model.config, processor, ours)
+
+
+def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module | None]:
+    """The transformers model's base (ViTForImageClassification wraps a ViTModel), its layers and
+    its classifier head (None without one)."""
+    base = getattr(model, "vit", model)
     layers = base.layers if hasattr(base, "layers") else base.encoder.layer
-    proj = embeddings.patch_embeddings.projection
-    head = getattr(model, "classifier", None)
+    return base, layers, getattr(model, "classifier", None)
+
+
+def _hf_architecture(model: nn.Module, processor) -> ViT:
+    """A `ViT` of the transformers model's architecture, its mean and std the image processor's."""
+    config = model.config
+    base, layers, head = _hf_parts(model)
+    proj = base.embeddings.patch_embeddings.projection
     dim = config.hidden_size
-    layer_scale = hasattr(layers[0], "layer_scale1")
-    ours = ViT(
+    return ViT(
         num_classes=head.out_features if head is not None else 0,
         image_size=config.image_size,
         patch_size=proj.kernel_size[0],
@@ -269,10 +280,18 @@ def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
         norm_eps=config.layer_norm_eps,
         mean=tuple(processor.image_mean),
         std=tuple(processor.image_std),
-        layer_scale=1.0 if layer_scale else None,  # the values come with the weights
+        layer_scale=1.0 if hasattr(layers[0], "layer_scale1") else None,  # the values come with the weights
         qkv_bias=config.qkv_bias,
     )
-    # ours <- theirs, module by module (transformers renames its keys between versions)
+
+
+def _hf_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The transformers model's weights under our names, module by module (transformers renames
+    its keys between versions)."""
+    base, layers, head = _hf_parts(model)
+    embeddings = base.embeddings
+    proj = embeddings.patch_embeddings.projection
+    layer_scale = hasattr(layers[0], "layer_scale1")
     state = {
         "cls_token": embeddings.cls_token,
         "pos_embed": embeddings.position_embeddings,
@@ -302,15 +321,18 @@ def _from_hf(model: nn.Module, processor, name: str) -> tuple[ViT, Preparation]:
     take("norm", base.layernorm)
     if head is not None:
         take("head", head)
-    ours.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return state
+
+
+def _hf_preparation(config, processor, ours: ViT) -> Preparation:
+    """The image processor's resize (centre crop or not) and the config's class names."""
     labels = getattr(config, "id2label", None) or {}
     classes = [labels.get(i, str(i)) for i in range(ours.config.num_classes)]
     crop = getattr(processor, "do_center_crop", False)
-    preparation = Preparation(
+    return Preparation(
         channels=ours.in_channels, size=ours.image_size, resize="center_crop" if crop else "stretch",
         classes=classes,
     )  # fmt: skip
-    return ours.eval(), preparation
 
 
 def load_source(source: str, weights: str | Path | None = None) -> tuple[ViT, Preparation]:

@@ -26,7 +26,7 @@ import io
 import json
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -51,6 +51,10 @@ VIEWS = {"cls": "attention", "query": "attention", "rollout": "rollout", "grad-r
 COLORMAPS = ("viridis", "magma", "gray")
 LEVELS = 255  # 8-bit codes: 0 .. 255
 PLACEHOLDER = "__EXPLORE_DATA__"  # where the template takes its data
+QUANTISATION = (
+    "8-bit codes per row with the row's scale (value = code x the row's largest / 255), "
+    "a token's weight on itself as a float"
+)
 
 
 def quantise(matrices: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -145,6 +149,36 @@ def explore(
     such as a `vit-attention heads` ablation) as a layers x heads grid whose heads open their
     attention when clicked, each head's interval shown when hovered.
     """
+    spec = _checked_spec(model, images, spec, captions=captions, top_k=top_k, head_effects=head_effects)
+    start = _start_view(model, spec)
+    maps = _page_maps(model, images, spec, top_k=top_k, batch_size=batch_size)
+    encoded = _encoded_images(images, maps, captions=captions)
+    data = {
+        "title": title,
+        "model": _model_facts(model, tokens=maps.weights.shape[-1]),
+        "rollout": {"head_fusion": spec.head_fusion, "discard_ratio": spec.discard_ratio},
+        "quantisation": {"scheme": QUANTISATION, "max_error": encoded.errors},
+        "classes": list(class_names or [str(i) for i in range(maps.num_classes)]),
+        "images": encoded.entries,
+        "start": asdict(start),
+        "colormaps": colormap_tables(),
+        "scores": scores,  # "Which map tells the truth?": per-method scores, when measured
+        "head_effects": head_effects,  # which heads the prediction uses, when measured
+    }
+    return Explorer(data, page_html(data))
+
+
+def _checked_spec(
+    model: ViT,
+    images: torch.Tensor,
+    spec: MapSpec | None,
+    *,
+    captions: Sequence[str] | None,
+    top_k: int,
+    head_effects: dict | None,
+) -> MapSpec:
+    """`explore`'s arguments checked, each fault one `UsageError`; the view to open on (`spec`, or
+    by default the class token's attention, or without one what the head reads)."""
     if not isinstance(model, ViT):
         raise UsageError(f"explore takes a vit.ViT, not a {type(model).__name__}")
     if head_effects is not None:
@@ -162,51 +196,91 @@ def explore(
     if spec.method not in VIEWS:
         raise UsageError(f"the page shows the methods {', '.join(VIEWS)}, not {spec.method}")
     spec.check(model)
-    method, query_patch, layer, head = spec.method, spec.query_patch, spec.layer, spec.head
-    head_fusion, discard_ratio = spec.head_fusion, spec.discard_ratio
     if top_k < 1:
         raise UsageError(f"top_k={top_k} must be at least 1")
     if captions is not None and len(captions) != len(images):
         raise UsageError(f"{len(captions)} captions for {len(images)} images")
-    layers, heads = len(model.blocks), model.blocks[0].attn.heads
-    start_layer = select_layers(model, layer)[-1]
-    start_head = -1 if head is None else select_heads(model, head)[0]  # -1: the mean of the heads
-    prefix = model.num_prefix_tokens
-    if query_patch is not None:
-        start_query = patch_token(model, query_patch)
+    return spec
+
+
+@dataclass
+class StartView:
+    """What the page shows when it opens (its `start`)."""
+
+    view: str  # "attention", "rollout" or "grad-rollout"
+    query: int  # the query token; -1: the mean of the patch rows
+    layer: int
+    head: int  # -1: the mean of the heads
+
+
+def _start_view(model: ViT, spec: MapSpec) -> StartView:
+    """The view, query token, layer and head of `spec`, as the page indexes them."""
+    if spec.query_patch is not None:
+        query = patch_token(model, spec.query_patch)
     elif model.cls_token is not None:
-        start_query = 0
+        query = 0
     else:  # -1: the mean of the patch rows, what a `pool: mean` head reads; else the centre patch
         centre = (model.grid_size[0] // 2, model.grid_size[1] // 2)
-        start_query = -1 if model.pool == "mean" else patch_token(model, centre)
+        query = -1 if model.pool == "mean" else patch_token(model, centre)
+    return StartView(
+        view=VIEWS[spec.method],
+        query=query,
+        layer=select_layers(model, spec.layer)[-1],
+        head=-1 if spec.head is None else select_heads(model, spec.head)[0],
+    )
 
+
+@dataclass
+class PageMaps:
+    """Every matrix the page draws, for a batch of B images of T tokens."""
+
+    weights: torch.Tensor  # attention weights (layers, B, heads, T, T)
+    rollouts: torch.Tensor  # the rollout through layers 0 to l, for every l: (layers, B, T, T)
+    relevance: torch.Tensor  # the gradient-weighted rollout of each image's top classes (B, K, T, T)
+    top: torch.return_types.topk | None  # those classes and their probabilities (B, K); None: no head
+    num_classes: int  # 0: the model has no head
+
+
+def _page_maps(model: ViT, images: torch.Tensor, spec: MapSpec, *, top_k: int, batch_size: int) -> PageMaps:
+    """The attention weights, the rollouts through every layer (with `spec`'s head fusion and
+    discard ratio) and the gradient-weighted rollout of each image's `top_k` classes."""
     weights, logits = attention_weights(model, images, batch_size=batch_size, return_logits=True)
-    # the rollout through layers 0 to l, for every l: (layers, B, T, T)
+    prefix = model.num_prefix_tokens
     rollouts = torch.stack(
-        [attention_rollout(weights[: i + 1], head_fusion, discard_ratio, prefix) for i in range(layers)]
+        [
+            attention_rollout(weights[: i + 1], spec.head_fusion, spec.discard_ratio, prefix)
+            for i in range(len(model.blocks))
+        ]
     )
     num_classes = logits.shape[-1] if getattr(model.head, "out_features", 0) else 0
-    names = list(class_names or [str(i) for i in range(num_classes)])
-    if num_classes:
-        probabilities = logits.softmax(-1)
-        top = probabilities.topk(min(top_k, num_classes), dim=-1)
-        relevance = torch.stack(
-            [
-                gradient_rollout(model, images, top.indices[:, k], batch_size)
-                for k in range(top.indices.shape[1])
-            ],
-            dim=1,
-        )  # (B, K, T, T)
-    else:  # no head: nothing to explain a class of
-        top, relevance = None, torch.zeros(len(images), 0, weights.shape[-1], weights.shape[-1])
+    if not num_classes:  # no head: nothing to explain a class of
+        relevance = torch.zeros(len(images), 0, weights.shape[-1], weights.shape[-1])
+        return PageMaps(weights, rollouts, relevance, top=None, num_classes=0)
+    top = logits.softmax(-1).topk(min(top_k, num_classes), dim=-1)
+    relevance = torch.stack(
+        [gradient_rollout(model, images, top.indices[:, k], batch_size) for k in range(top.indices.shape[1])],
+        dim=1,
+    )  # (B, K, T, T)
+    return PageMaps(weights, rollouts, relevance, top=top, num_classes=num_classes)
 
+
+@dataclass
+class EncodedImages:
+    """The images as the page holds them, and the largest error the 8-bit codes made, by view."""
+
+    entries: list[dict]  # per image: caption, picture, top classes, the compressed matrices
+    errors: dict[str, float]
+
+
+def _encoded_images(images: torch.Tensor, maps: PageMaps, *, captions: Sequence[str] | None) -> EncodedImages:
+    """Each image's picture, top classes and matrices (`quantise`d, zlib-compressed, base85)."""
     errors = {"attention": 0.0, "rollout": 0.0, "grad-rollout": 0.0}
-    entries = []  # per image
+    entries = []
     for b in range(len(images)):
         parts = {  # kind -> rows (..., T, T), in the order the page reads them
-            "attention": weights[:, b],  # (L, H, T, T)
-            "rollout": rollouts[:, b],  # (L, T, T)
-            "grad-rollout": relevance[b],  # (K, T, T)
+            "attention": maps.weights[:, b],  # (L, H, T, T)
+            "rollout": maps.rollouts[:, b],  # (L, T, T)
+            "grad-rollout": maps.relevance[b],  # (K, T, T)
         }
         scales, diagonals, codes = [], [], []
         for kind, matrices in parts.items():
@@ -216,6 +290,7 @@ def explore(
             diagonals.append(d.tobytes())
             codes.append(c.tobytes())
         blob = zlib.compress(b"".join(scales + diagonals + codes), 6)  # float32s first: aligned
+        top = maps.top
         entry = {
             "caption": captions[b] if captions is not None else f"image {b}",
             "src": image_data_uri(images[b].cpu()),
@@ -225,37 +300,25 @@ def explore(
             "data": base64.b85encode(blob).decode("ascii"),  # 5 characters for 4 bytes
         }  # fmt: skip
         entries.append(entry)
+    return EncodedImages(entries, errors)
 
-    data = {
-        "title": title,
-        "model": {
-            "layers": layers,
-            "heads": heads,
-            "grid": list(model.grid_size),
-            "patch": model.patch_size,
-            "tokens": weights.shape[-1],
-            "prefix": model.token_names()[:prefix],  # the tokens before the patches
-            "pool": model.pool,
-        },
-        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio},
-        "quantisation": {
-            "scheme": "8-bit codes per row with the row's scale (value = code x the row's largest / 255), "
-            "a token's weight on itself as a float",
-            "max_error": errors,
-        },
-        "classes": names,
-        "images": entries,
-        "start": {
-            "view": VIEWS[method],
-            "query": start_query,
-            "layer": start_layer,
-            "head": start_head,
-        },
-        "colormaps": colormap_tables(),
-        "scores": scores,  # "Which map tells the truth?": per-method scores, when measured
-        "head_effects": head_effects,  # which heads the prediction uses, when measured
+
+def _model_facts(model: ViT, *, tokens: int) -> dict:
+    """What the page needs to know of the model to lay out its matrices of `tokens` tokens."""
+    return {
+        "layers": len(model.blocks),
+        "heads": model.blocks[0].attn.heads,
+        "grid": list(model.grid_size),
+        "patch": model.patch_size,
+        "tokens": tokens,
+        "prefix": model.token_names()[: model.num_prefix_tokens],  # the tokens before the patches
+        "pool": model.pool,
     }
+
+
+def page_html(data: dict) -> str:
+    """The page: the template with `data` in it as JSON."""
     template = files("vit.interpret").joinpath("page.html").read_text(encoding="utf-8")
     # inside <script type="application/json">, "</" would end it and "<!--" change how it ends
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\u0021--")
-    return Explorer(data, template.replace(PLACEHOLDER, text))
+    return template.replace(PLACEHOLDER, text)

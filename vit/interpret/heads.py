@@ -334,68 +334,139 @@ def analyse(
     require(model.config.num_classes > 0, "the model has no head (num_classes 0): it predicts no class")
     require(norm_ratio > 1, f"norm_ratio={norm_ratio} must be above 1: the median token's ratio is 1")
     model.eval()
-    device = device_of(model)
-    layers, heads = len(model.blocks), model.config.heads
     wrap = progress or (lambda chunks: chunks)
-
-    def keep(where: dict, key: str, value: torch.Tensor) -> None:
-        where.setdefault(key, []).append(value.cpu())
-
-    # the intact pass: attribution, lens, norms, and the heads' mean outputs for the ablation
     inked = None if evidence is None else patch_evidence(model, evidence.cpu())  # (N, patches)
+    intact = _intact_pass(model, images, inked, batch_size=batch_size, attribute=attribute, wrap=wrap)
+    per_image = intact.per_image
+    targets = per_image["logits"].argmax(-1)
+    truth = targets if labels is None else labels.cpu()
+    per_image |= _ablation_changes(
+        model, images, intact.head_means, targets=targets, truth=truth, batch_size=batch_size, wrap=wrap
+    )
+    norms_table = _norms_table(model, per_image, norm_ratio=norm_ratio, seed=seed)
+    results = {
+        "num_images": len(images),
+        "layers": len(model.blocks),
+        "heads": model.config.heads,
+        "against": "labels" if labels is not None else "the intact prediction",
+        "protocol": {**PROTOCOL, "attributed": ATTRIBUTIONS[attribute]},
+        "attribute": attribute,
+        "accuracy": interval((targets == truth).float(), seed=seed),
+        "ablation": {
+            kind: {m: lh_interval(per_image[f"ablation/{kind}/{m}"], seed) for m in MEASURES}
+            for kind in ABLATIONS
+        },
+        "attribution": _attribution_figures(per_image, seed=seed),
+        "logit_lens": {"accuracy": [interval(v, seed=seed) for v in (per_image["lens"] == truth).float()]},
+        "norms": {
+            "norm_ratio": norm_ratio,
+            "token_kinds": list(dict.fromkeys(token_kinds(model))),
+            "layers": norms_table,
+        },  # fmt: skip
+        "per_image": per_image,
+    }
+    if inked is not None:
+        results["evidence"] = looking_against_using(inked, per_image, seed)
+    if "patch_lens" in per_image:  # (L, N images, patches) -> accuracy per layer and patch
+        patch_correct = (per_image["patch_lens"] == truth[None, :, None]).float().mean(1)
+        results["logit_lens"]["patches"] = patch_correct.tolist()
+    return results
+
+
+@dataclass
+class IntactPass:
+    """What the intact images give, over all N images of L blocks."""
+
+    # "logits", "attribution/<part>", "lens", "patch_lens" (pool: mean), "ratios", "attention",
+    # "cls_attention" and, with evidence, "looks/<query>": per-image tensors, the images on one axis
+    per_image: dict[str, torch.Tensor]
+    head_means: torch.Tensor  # (L, N tokens, heads * d_head): the heads' outputs, mean over images
+
+
+def _keep(where: dict, key: str, value: torch.Tensor) -> None:
+    where.setdefault(key, []).append(value.cpu())
+
+
+def _intact_pass(
+    model: ViT, images: torch.Tensor, inked: torch.Tensor | None, *, batch_size: int, attribute: str, wrap
+) -> IntactPass:
+    """The intact pass, `batch_size` images at a time: logits, the attribution of the `attribute`
+    reading, the logit lens, token norms and attention, each head's attention mass on the evidence
+    patches `inked` (N, patches) where given, and the heads' mean outputs for the mean ablation."""
     found: dict[str, list] = {}
     head_sums = 0
     for start in wrap(range(0, len(images), batch_size)):
         x = images[start : start + batch_size]
         seen = record(model, x)
-        keep(found, "logits", seen.logits)
+        _keep(found, "logits", seen.logits)
         for name, values in attribution(model, seen, contrast(seen.logits, attribute)).items():
-            keep(found, f"attribution/{name}", values)
-        keep(found, "lens", lens_logits(model, seen.residual).argmax(-1))
+            _keep(found, f"attribution/{name}", values)
+        _keep(found, "lens", lens_logits(model, seen.residual).argmax(-1))
         if model.pool == "mean":
-            keep(found, "patch_lens", patch_lens_logits(model, seen.residual).argmax(-1))
-        keep(found, "ratios", norm_ratios(model, seen.residual))
-        keep(found, "attention", seen.attention)
-        keep(found, "cls_attention", seen.cls_attention)
+            _keep(found, "patch_lens", patch_lens_logits(model, seen.residual).argmax(-1))
+        _keep(found, "ratios", norm_ratios(model, seen.residual))
+        _keep(found, "attention", seen.attention)
+        _keep(found, "cls_attention", seen.cls_attention)
         if inked is not None:
             for name, values in layers_heads_scores(model, x, inked[start : start + batch_size]).items():
                 if name.endswith("/relevance_mass"):  # (L, H, B)
-                    keep(found, f"looks/{name.split('/')[0]}", values)
+                    _keep(found, f"looks/{name.split('/')[0]}", values)
         head_sums = head_sums + seen.heads.sum(dim=1)
     image_axis = {"logits": 0, "lens": 1, "patch_lens": 1, "ratios": 1, "attention": 1, "cls_attention": 1}
     per_image = {k: torch.cat(v, dim=image_axis.get(k, -1)) for k, v in found.items()}
-    means = head_sums / len(images)  # (L, N, heads * d_head)
-    targets = per_image["logits"].argmax(-1)
-    truth = targets if labels is None else labels.cpu()
+    return IntactPass(per_image, head_means=head_sums / len(images))
 
-    # the ablations: each layer's heads, both kinds, in one batch beside an intact copy
+
+def _ablation_changes(
+    model: ViT,
+    images: torch.Tensor,
+    head_means: torch.Tensor,
+    *,
+    targets: torch.Tensor,
+    truth: torch.Tensor,
+    batch_size: int,
+    wrap,
+) -> dict[str, torch.Tensor]:
+    """What ablating each head changes, per image: "ablation/<kind>/<measure>" (L, heads, N) for
+    each of `ABLATIONS` and `MEASURES`, against the intact prediction `targets` and the classes
+    `truth` (N,). Each layer's heads, both kinds, run in one batch beside an intact copy."""
+    layers, heads = len(model.blocks), model.config.heads
+    device = device_of(model)
     chunk = max(1, batch_size // (len(ABLATIONS) * heads + 1))
     changes: dict[str, list] = {}
     for start in wrap(range(0, len(images), chunk)):
         x = images[start : start + chunk].to(device)
         t, y = targets[start : start + chunk], truth[start : start + chunk]
         for layer in range(layers):
-            replacements = torch.stack([means[layer] if kind == "mean" else torch.zeros_like(means[layer])
-                                        for kind in ABLATIONS])  # fmt: skip
+            mean = head_means[layer]
+            replacements = torch.stack(
+                [mean if kind == "mean" else torch.zeros_like(mean) for kind in ABLATIONS]
+            )
             logits = ablated_logits(model, x, layer, replacements).cpu()
             accuracy, log_p = (v.view(len(ABLATIONS), heads, -1) for v in ablation_changes(logits, t, y))
             for k, kind in enumerate(ABLATIONS):
-                keep(changes, f"{kind}/{layer}/accuracy", accuracy[k])
-                keep(changes, f"{kind}/{layer}/log_probability", log_p[k])
-    for kind in ABLATIONS:
-        for measure in MEASURES:
-            per_image[f"ablation/{kind}/{measure}"] = torch.stack([
-                torch.cat(changes[f"{kind}/{layer}/{measure}"], dim=-1) for layer in range(layers)
-            ])  # fmt: skip
+                _keep(changes, f"{kind}/{layer}/accuracy", accuracy[k])
+                _keep(changes, f"{kind}/{layer}/log_probability", log_p[k])
+    return {
+        f"ablation/{kind}/{measure}": torch.stack(
+            [torch.cat(changes[f"{kind}/{layer}/{measure}"], dim=-1) for layer in range(layers)]
+        )  # fmt: skip
+        for kind in ABLATIONS
+        for measure in MEASURES
+    }
+
+
+def _norms_table(model: ViT, per_image: dict, *, norm_ratio: float, seed: int) -> list[dict]:
+    """Per layer, the tokens' norm ratios by kind, the share flagged above `norm_ratio`, and the
+    next block's attention to the flagged tokens: figures (`interval`s) by name."""
+    layers, prefix = len(model.blocks), model.num_prefix_tokens
 
     def summary(values: torch.Tensor) -> dict:
         return interval(values, seed=seed)
 
-    correct = (per_image["lens"] == truth).float()  # (L, N)
     ratios = per_image["ratios"]  # (L, N images, tokens)
     flagged = ratios > norm_ratio
-    prefix = model.num_prefix_tokens
-    norms_table = []
+    table = []
     for layer in range(layers):
         row = {
             "max_patch_ratio": summary(ratios[layer, :, prefix:].amax(-1)),
@@ -414,43 +485,22 @@ def analyse(
                 row["cls_attention_to_flagged"] = summary(received.masked_fill(~any_flagged, float("nan")))
             share = flagged[layer].float().mean(-1)
             row["token_share_flagged"] = summary(share.masked_fill(~any_flagged, float("nan")))
-        norms_table.append(row)
+        table.append(row)
+    return table
 
+
+def _attribution_figures(per_image: dict, *, seed: int) -> dict:
+    """The direct logit attribution's parts as figures: the heads per layer and head, the attention
+    output biases and MLPs per layer, the embeddings, the constant and their total."""
     attributed = {k.split("/")[1]: v for k, v in per_image.items() if k.startswith("attribution/")}
-    results = {
-        "num_images": len(images),
-        "layers": layers,
-        "heads": heads,
-        "against": "labels" if labels is not None else "the intact prediction",
-        "protocol": {**PROTOCOL, "attributed": ATTRIBUTIONS[attribute]},
-        "attribute": attribute,
-        "accuracy": summary((targets == truth).float()),
-        "ablation": {
-            kind: {m: lh_interval(per_image[f"ablation/{kind}/{m}"], seed) for m in MEASURES}
-            for kind in ABLATIONS
-        },
-        "attribution": {
-            "heads": lh_interval(attributed["heads"], seed),
-            "attention_bias": [summary(v) for v in attributed["attention_bias"]],
-            "mlp": [summary(v) for v in attributed["mlp"]],
-            "embeddings": summary(attributed["embeddings"]),
-            "constant": summary(attributed["constant"]),
-            "total": summary(attributed["total"]),
-        },
-        "logit_lens": {"accuracy": [summary(v) for v in correct]},
-        "norms": {
-            "norm_ratio": norm_ratio,
-            "token_kinds": list(dict.fromkeys(token_kinds(model))),
-            "layers": norms_table,
-        },  # fmt: skip
-        "per_image": per_image,
+    return {
+        "heads": lh_interval(attributed["heads"], seed),
+        "attention_bias": [interval(v, seed=seed) for v in attributed["attention_bias"]],
+        "mlp": [interval(v, seed=seed) for v in attributed["mlp"]],
+        "embeddings": interval(attributed["embeddings"], seed=seed),
+        "constant": interval(attributed["constant"], seed=seed),
+        "total": interval(attributed["total"], seed=seed),
     }
-    if inked is not None:
-        results["evidence"] = looking_against_using(inked, per_image, seed)
-    if "patch_lens" in per_image:  # (L, N images, patches) -> accuracy per layer and patch
-        patch_correct = (per_image["patch_lens"] == truth[None, :, None]).float().mean(1)
-        results["logit_lens"]["patches"] = patch_correct.tolist()
-    return results
 
 
 def looking_against_using(inked: torch.Tensor, per_image: dict, seed: int) -> dict:

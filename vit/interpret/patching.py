@@ -197,12 +197,56 @@ def analyse(
     require(clean.shape == corrupted.shape, f"clean {tuple(clean.shape)} and corrupted "
             f"{tuple(corrupted.shape)} images must pair up one to one")  # fmt: skip
     model.eval()
+    per_pair = _logit_differences(model, clean, corrupted, classes, batch_size=batch_size, progress=progress)
+    high, low = per_pair["clean"], per_pair["corrupted"]
+    for site in SITES:
+        per_pair[site] = restored(per_pair[f"patched/{site}"], high, low, min_gap)
+    differ = per_pair["a"] != per_pair["b"]  # a = b: a logit difference of zero, clean or not
+    wide = (high - low).abs() >= min_gap
+    return {
+        "num_pairs": len(clean),
+        "pair_counts": {
+            "used": int(differ.sum()),
+            "same_class": int((~differ).sum()),
+            "in_mean_of_ratios": int(wide.sum()),
+            "gap_under_min_gap": int((~wide).sum()),
+        },
+        "min_gap": min_gap,
+        "layers": len(model.blocks),
+        "heads": model.config.heads,
+        "tokens": model.num_prefix_tokens + model.grid_size[0] * model.grid_size[1],
+        "prefix_tokens": model.num_prefix_tokens,
+        "grid": list(model.grid_size),
+        "token_names": model.token_names(),
+        "protocol": {**PROTOCOL, "left out": PROTOCOL["left out"].replace(str(MIN_GAP), f"{min_gap:g}")},
+        "logit_difference": {
+            "clean": interval(high.masked_fill(~differ, float("nan")), seed=seed),
+            "corrupted": interval(low.masked_fill(~differ, float("nan")), seed=seed),
+        },
+        "restored": {site: _ratio_of_means(per_pair, site, differ, seed=seed) for site in SITES},
+        "mean_of_ratios": {site: lh_interval(per_pair[site], seed) for site in SITES},
+        "per_pair": per_pair,
+    }
+
+
+def _logit_differences(
+    model: ViT,
+    clean: torch.Tensor,
+    corrupted: torch.Tensor,
+    classes: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    batch_size: int,
+    progress: Callable | None,
+) -> dict[str, torch.Tensor]:
+    """The pairs run clean, corrupted and patched, a few pairs at a time: per pair (P,), the classes
+    "a" and "b" and the logit differences "clean" and "corrupted"; "patched/heads" (L, heads, P)
+    and "patched/tokens" (L, N, P), each unit patched alone from the clean run."""
     device = device_of(model)
-    layers, heads = len(model.blocks), model.config.heads
-    wrap = progress or (lambda chunks: chunks)
+    heads = model.config.heads
     tokens = model.num_prefix_tokens + model.grid_size[0] * model.grid_size[1]
     chunk = max(1, batch_size // max(heads, tokens))
     eye = {"heads": torch.eye(heads, dtype=torch.bool), "tokens": torch.eye(tokens, dtype=torch.bool)}
+    wrap = progress or (lambda chunks: chunks)
     found: dict[str, list] = {}
     for start in wrap(range(0, len(clean), chunk)):
         x, y = clean[start : start + chunk].to(device), corrupted[start : start + chunk].to(device)
@@ -219,44 +263,14 @@ def analyse(
         for site, values in (("heads", clean_heads), ("tokens", clean_residual)):
             per_layer = [
                 logit_difference(patched_logits(model, y, layer, site, values[layer], eye[site]), a, b).cpu()
-                for layer in range(layers)
+                for layer in range(len(model.blocks))
             ]
             found.setdefault(f"patched/{site}", []).append(torch.stack(per_layer))  # (L, units, B)
-    per_pair = {k: torch.cat(v, dim=-1) for k, v in found.items()}
-    high, low = per_pair["clean"], per_pair["corrupted"]
-    for site in SITES:
-        per_pair[site] = restored(per_pair[f"patched/{site}"], high, low, min_gap)
-    differ = per_pair["a"] != per_pair["b"]  # a = b: a logit difference of zero, clean or not
-    wide = (high - low).abs() >= min_gap
-    ratio_of_means, mean_of_ratios = {}, {}
-    for site in SITES:
-        ratio_of_means[site] = ratio_figures(
-            *restored_ratio_of_means(
-                per_pair[f"patched/{site}"][..., differ], high[differ], low[differ], seed=seed
-            )
-        )
-        mean_of_ratios[site] = lh_interval(per_pair[site], seed)
-    return {
-        "num_pairs": len(clean),
-        "pair_counts": {
-            "used": int(differ.sum()),
-            "same_class": int((~differ).sum()),
-            "in_mean_of_ratios": int(wide.sum()),
-            "gap_under_min_gap": int((~wide).sum()),
-        },
-        "min_gap": min_gap,
-        "layers": layers,
-        "heads": heads,
-        "tokens": tokens,
-        "prefix_tokens": model.num_prefix_tokens,
-        "grid": list(model.grid_size),
-        "token_names": model.token_names(),
-        "protocol": {**PROTOCOL, "left out": PROTOCOL["left out"].replace(str(MIN_GAP), f"{min_gap:g}")},
-        "logit_difference": {
-            "clean": interval(high.masked_fill(~differ, float("nan")), seed=seed),
-            "corrupted": interval(low.masked_fill(~differ, float("nan")), seed=seed),
-        },
-        "restored": ratio_of_means,
-        "mean_of_ratios": mean_of_ratios,
-        "per_pair": per_pair,
-    }
+    return {k: torch.cat(v, dim=-1) for k, v in found.items()}
+
+
+def _ratio_of_means(per_pair: dict, site: str, differ: torch.Tensor, *, seed: int) -> list:
+    """The ratio of means of `site`'s units over the pairs whose classes `differ`, with its
+    interval, as figures [layer][unit]."""
+    patched, high, low = per_pair[f"patched/{site}"], per_pair["clean"], per_pair["corrupted"]
+    return ratio_figures(*restored_ratio_of_means(patched[..., differ], high[differ], low[differ], seed=seed))

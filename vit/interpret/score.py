@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -199,6 +200,39 @@ def score(
     class-token and evidence-query maps' evidence figures per layer and head), "randomisation"
     {method: [(step, interval)]}, "protocol". `progress(iterable)` wraps the chunk loop (tqdm).
     """
+    methods = _checked_methods(model, methods, evidence)
+    model.eval()
+    patches = model.grid_size[0] * model.grid_size[1]
+    counts = removal_counts(patches)
+    evidence_patches = patch_evidence(model, evidence) if evidence is not None else None
+    found = _scored_chunks(
+        model, images, labels, evidence_patches, methods=methods, counts=counts, batch_size=batch_size,
+        seed=seed, progress=progress,
+    )  # fmt: skip
+    results = {
+        "methods": {m: METHODS[m] for m in methods},
+        "num_images": len(images),
+        "patches": patches,
+        "evidence_share": None if evidence_patches is None else evidence_patches.float().mean().item(),
+        "counts": counts,
+        "protocol": PROTOCOL,
+        "curves": {m: {k: v.mean(dim=1).tolist() for k, v in found.curves[m].items()} for m in methods},
+        "figures": {m: {k: interval(v, seed=seed) for k, v in found.per_image[m].items()} for m in methods},
+        "layers_heads": {k: lh_interval(v, seed) for k, v in found.layers_heads.items()},
+    }
+    if sanity:
+        trained = {m: torch.cat(v) for m, v in found.trained_maps.items()}
+        predicted, runner_up = torch.cat(found.top2).unbind(dim=1)
+        results["randomisation"] = randomisation(model, images, trained, predicted, batch_size, seed)
+        results["target_sensitivity"] = target_sensitivity(
+            model, images, trained, runner_up, batch_size, seed
+        )
+    return results
+
+
+def _checked_methods(model: ViT, methods: list[str] | None, evidence: torch.Tensor | None) -> list[str]:
+    """`score`'s methods by today's names (by default every one that applies), each known and
+    applicable to `model` and the data, or a `UsageError` naming the one that is not."""
     methods = current_names(list(methods or default_methods(model, evidence is not None)))
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -207,23 +241,44 @@ def score(
         raise UsageError("the method evidence needs data that knows its evidence")
     if "cls" in methods and model.cls_token is None:
         raise UsageError("this model has no class token: leave out the method cls")
-    model.eval()
+    return methods
+
+
+@dataclass
+class ChunkScores:
+    """What `score` measures image by image, over all N images (L blocks, H heads); what only the
+    sanity checks read, chunk by chunk (concatenated where they run)."""
+
+    top2: list[torch.Tensor]  # per chunk (B, 2): the predicted and the runner-up class
+    per_image: dict[str, dict[str, torch.Tensor]]  # method -> figure name -> (N,)
+    curves: dict[str, dict[str, torch.Tensor]]  # method -> "deletion/probability", ... -> (steps, N)
+    layers_heads: dict[str, torch.Tensor]  # evidence figure of a layer's and head's maps -> (L, H, N)
+    trained_maps: dict[str, list[torch.Tensor]]  # method that reads the model -> per chunk (B, patches)
+
+
+def _scored_chunks(
+    model: ViT,
+    images: torch.Tensor,
+    labels: torch.Tensor | None,
+    evidence_patches: torch.Tensor | None,
+    *,
+    methods: list[str],
+    counts: list[int],
+    batch_size: int,
+    seed: int,
+    progress: Callable | None,
+) -> ChunkScores:
+    """Every method's maps, removal curves and evidence figures, `batch_size` images at a time.
+    One generator seeded with `seed` draws the random maps, then each removal order's ties."""
     grid, patches = model.grid_size, model.grid_size[0] * model.grid_size[1]
-    counts = removal_counts(patches)
     fill = images.mean(dim=(0, 2, 3))  # the data's mean colour
     g = torch.Generator().manual_seed(seed)
-    evidence_patches = patch_evidence(model, evidence) if evidence is not None else None
     random_maps = torch.rand(len(images), patches, generator=g)
-
-    top2: list[torch.Tensor] = []  # the predicted and runner-up class of every image
+    top2: list[torch.Tensor] = []
     per_image: dict[str, dict[str, list]] = {m: {} for m in methods}
     curves: dict[str, dict[str, list]] = {m: {} for m in methods}
     layer_head: dict[str, list] = {}
     trained_maps: dict[str, list] = {m: [] for m in methods if m in MODEL_METHODS}
-
-    def keep(where: dict, key: str, value: torch.Tensor) -> None:
-        where.setdefault(key, []).append(value)
-
     chunks = range(0, len(images), batch_size)
     for start in progress(chunks) if progress else chunks:
         x = images[start : start + batch_size]
@@ -242,44 +297,53 @@ def score(
             else:
                 maps = scored_maps(model, x, method, predicted)
                 trained_maps[method].append(maps)
-            for curve, order in (("deletion", maps), ("insertion", -maps)):
-                probability, correct = perturbation_curves(
-                    model, x, removal_order(order, g), predicted, truth, fill, grid, counts, batch_size, ends
-                )
-                keep(curves[method], f"{curve}/probability", probability)
-                keep(curves[method], f"{curve}/accuracy", correct)
-                keep(per_image[method], f"{curve}_auc_probability", area(probability, counts, patches))
-                keep(per_image[method], f"{curve}_auc_accuracy", area(correct, counts, patches))
+            removal = _removal_curves(model, x, maps, g, predicted, truth, fill, counts, batch_size, ends)
+            for key, values in removal.items():  # "deletion/probability", ...
+                _keep(curves[method], key, values)
+                curve, figure = key.split("/")
+                _keep(per_image[method], f"{curve}_auc_{figure}", area(values, counts, patches))
             if found is not None:
                 for name, values in evidence_scores(maps, found).items():
-                    keep(per_image[method], name, values)
+                    _keep(per_image[method], name, values)
         if found is not None:
             for name, values in layers_heads_scores(model, x, found).items():
-                keep(layer_head, name, values)
+                _keep(layer_head, name, values)
+    return ChunkScores(
+        top2=top2,
+        per_image={m: {k: torch.cat(v) for k, v in per_image[m].items()} for m in methods},
+        curves={m: {k: torch.cat(v, dim=1) for k, v in curves[m].items()} for m in methods},
+        layers_heads={k: torch.cat(v, dim=-1) for k, v in layer_head.items()},
+        trained_maps=trained_maps,
+    )
 
-    results = {
-        "methods": {m: METHODS[m] for m in methods},
-        "num_images": len(images),
-        "patches": patches,
-        "evidence_share": None if evidence_patches is None else evidence_patches.float().mean().item(),
-        "counts": counts,
-        "protocol": PROTOCOL,
-        "curves": {
-            m: {k: torch.cat(v, dim=1).mean(dim=1).tolist() for k, v in curves[m].items()} for m in methods
-        },
-        "figures": {
-            m: {k: interval(torch.cat(v), seed=seed) for k, v in per_image[m].items()} for m in methods
-        },
-        "layers_heads": {k: lh_interval(torch.cat(v, dim=-1), seed) for k, v in layer_head.items()},
-    }
-    if sanity:
-        trained = {m: torch.cat(v) for m, v in trained_maps.items()}
-        predicted, runner_up = torch.cat(top2).unbind(dim=1)
-        results["randomisation"] = randomisation(model, images, trained, predicted, batch_size, seed)
-        results["target_sensitivity"] = target_sensitivity(
-            model, images, trained, runner_up, batch_size, seed
+
+def _removal_curves(
+    model: ViT,
+    images: torch.Tensor,
+    maps: torch.Tensor,
+    generator: torch.Generator,
+    predicted: torch.Tensor,
+    truth: torch.Tensor,
+    fill: torch.Tensor,
+    counts: list[int],
+    batch_size: int,
+    ends: tuple[torch.Tensor, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Deletion (the most relevant patch of `maps` (B, patches) replaced first) and insertion (the
+    least relevant first): `perturbation_curves`' probability and accuracy, (steps, B) each, by
+    "deletion/probability", "deletion/accuracy", "insertion/probability", "insertion/accuracy"."""
+    curves = {}
+    for curve, order in (("deletion", maps), ("insertion", -maps)):
+        order = removal_order(order, generator)
+        probability, correct = perturbation_curves(
+            model, images, order, predicted, truth, fill, model.grid_size, counts, batch_size, ends
         )
-    return results
+        curves[f"{curve}/probability"], curves[f"{curve}/accuracy"] = probability, correct
+    return curves
+
+
+def _keep(where: dict, key: str, value: torch.Tensor) -> None:
+    where.setdefault(key, []).append(value)
 
 
 def randomisation(
@@ -307,7 +371,7 @@ def target_sensitivity(
 
 def evidence_mass(model: ViT, images: torch.Tensor, evidence: torch.Tensor, methods: Sequence[str]) -> dict:
     """The mean relevance mass of each method's maps for the predicted classes on evidence patches
-    (B, patches): what `vit.callbacks.EvidenceMass` logs while training."""
+    (B, patches): what `vit.interpret.callbacks.EvidenceMass` logs while training."""
     predicted = model_outputs(model, images, len(images)).argmax(-1)
     return {
         method: evidence_scores(scored_maps(model, images, method, predicted), evidence)[
