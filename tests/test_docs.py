@@ -299,5 +299,5 @@ def test_the_layout_names_every_module():
     ]
     missing = [str(p.relative_to(ROOT)) for p in modules if p.name not in block]
     assert len(modules) > 25 and not missing, missing
-    for folder in ("vit/interpret/", "vit/commands/", "benchmarks/", "studies/", "tools/"):
+    for folder in ("vit/interpret/", "vit/commands/", "benchmarks/", "studies/", "tools/", "lab/"):
         assert folder in block, folder

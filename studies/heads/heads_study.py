@@ -27,9 +27,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # run as a script: `studies`, `benchmarks` and `vit` import from the checkout
+sys.path.insert(0, str(ROOT))  # run as a script: `studies`, `lab` and `vit` import from the checkout
 
-from benchmarks.explanations import cpu_name  # noqa: E402
+from lab.machine import cpu_name  # noqa: E402
 from studies.heads import circle_attention, even_attention, patch_by_evidence  # noqa: E402
 from vit.commands import heads, patch  # noqa: E402
 from vit.commands.train import run  # noqa: E402
