@@ -178,7 +178,7 @@ def test_every_option_is_shown_one_way_and_read_both_ways():
 
 # Every figure of a study comes from a committed output: a marked table or paragraph (or list)
 # names its files,
-#   <!-- figures: heads/demo_heads.txt heads/demo_heads.json -->
+#   <!-- figures: ../studies/heads/outputs/demo_heads.txt ../studies/heads/outputs/demo_heads.json -->
 # (paths from the page's folder) on the line before it, and each decimal number in the block must
 # be printed in one of the text files, or be a value of one of the JSON files at the shown precision
 # (or a share times 100: "points", either sign: "costs 11.2 points" for a change of -0.112).
