@@ -15,6 +15,7 @@ DOCS = [
     README,
     *sorted((ROOT / "docs").rglob("*.md")),
     ROOT / "benchmarks" / "README.md",
+    ROOT / "tools" / "README.md",
     *sorted((ROOT / "studies").rglob("*.md")),
 ]
 
