@@ -66,7 +66,7 @@ gpu-prepare: $(VENV)/installed
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
 	  --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .gpu/wheels $(GPU_WHEELS)
 	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w .gpu/wheels airbench==0.1.8
-	$(BIN)/python tools/cifar10_pack.py pack $(CIFAR10_JPEG) .gpu/cifar10-jpeg.pack
+	$(BIN)/python lab/cifar10_pack.py pack $(CIFAR10_JPEG) .gpu/cifar10-jpeg.pack
 	du -sh .gpu
 
 gpu-check:

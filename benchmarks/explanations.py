@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import platform
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,13 +27,17 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from vit import load_pretrained
-from vit.checkpoint import load_checkpoint
-from vit.datamodules import spread_test_images
-from vit.interpret.callbacks import EvidenceMass
-from vit.interpret.evidence import patch_evidence
-from vit.interpret.score import METHODS, evidence_mass, removal_counts, score
-from vit.plot import save_figure
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `lab` and `vit` import from the checkout
+
+from lab.machine import cpu_name  # noqa: E402
+from vit import load_pretrained  # noqa: E402
+from vit.checkpoint import load_checkpoint  # noqa: E402
+from vit.datamodules import spread_test_images  # noqa: E402
+from vit.interpret.callbacks import EvidenceMass  # noqa: E402
+from vit.interpret.evidence import patch_evidence  # noqa: E402
+from vit.interpret.score import METHODS, evidence_mass, removal_counts, score  # noqa: E402
+from vit.plot import save_figure  # noqa: E402
 
 KEYS = ("rollout", "grad_rollout")  # EvidenceMass's metrics: val/evidence_mass_<key>
 MAP_PASSES = {
@@ -58,16 +61,6 @@ def passes_needed(methods: list[str], patches: int, depth: int, sanity: bool) ->
         model_methods = sum(MAP_PASSES[m] for m in methods if m not in ("random", "evidence"))
         needed += (depth + 1) * model_methods + model_methods
     return needed
-
-
-def cpu_name() -> str:
-    """lscpu's model name, family and model (the CPU changes between sessions here)."""
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    return f"{fields.get('Model name')}, family {fields.get('CPU family')}, model {fields.get('Model')}"
 
 
 def forward_seconds(model, images: torch.Tensor, batch: int = 32, rounds: int = 3) -> float:

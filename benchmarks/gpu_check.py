@@ -21,7 +21,7 @@ Steps, each in its own process (a failing step is reported and the next one runs
 
 It writes `gpu_report.md` and `gpu_report.json` into `--out`, and each step's output into
 `--out/logs/`. CIFAR-10 comes from `--data`: image folders, torchvision's copy, or a pack made
-by `tools/cifar10_pack.py` (unpacked first). `--smoke` runs every step on made-up data at
+by `lab/cifar10_pack.py` (unpacked first). `--smoke` runs every step on made-up data at
 toy sizes, on whatever device there is, so that the check is tested where no GPU is.
 """
 
@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks`, `lab` and `vit` import from the checkout
 
 SWEEP_MARGIN = 35  # seconds of the sweep step left after the sweep's own deadline
 STEPS = ("tests", "demo", "throughput", "speedrun", "sweep", "cnn_peer")
@@ -113,7 +113,7 @@ def run(commands: list[list[str]], log: Path, timeout: float) -> dict:
 def environment() -> dict:
     import torch
 
-    from benchmarks.explanations import cpu_name
+    from lab.machine import cpu_name
 
     about = dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -136,7 +136,7 @@ def environment() -> dict:
 
 def prepare_data(data: str | None, out: Path, smoke: bool) -> Path:
     """The CIFAR-10 folder the runs read: made up (--smoke), unpacked from a pack, or as given."""
-    from tools.cifar10_pack import fake_cifar10, unpack
+    from lab.cifar10_pack import fake_cifar10, unpack
 
     if smoke:
         return fake_cifar10(out / "data" / "cifar10-fake", per_class=8)
@@ -436,7 +436,7 @@ def loop_against_benchmark(steps: dict, matching: str | None = None) -> list[str
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", help="CIFAR-10: image folders, torchvision's copy, or a pack (tools/cifar10_pack.py)"
+        "--data", help="CIFAR-10: image folders, torchvision's copy, or a pack (lab/cifar10_pack.py)"
     )
     parser.add_argument("--out", default="runs/gpu_check", help="folder of the runs, the logs and the data")
     parser.add_argument("--report", help="folder of gpu_report.md and gpu_report.json; default --out")

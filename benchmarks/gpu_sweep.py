@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     # fmt: off
     add("--variants", metavar="FILE", help="YAML: name -> vit-train fit overrides; default gpu_sweep.yaml")
     add("--config", default="configs/cifar10_gpu.yaml", help="the recipe to vary; default %(default)s")
-    add("--data", metavar="PATH", help="CIFAR-10: image folders, or a pack (cifar10_pack.py)")
+    add("--data", metavar="PATH", help="CIFAR-10: image folders, or a pack (lab/cifar10_pack.py)")
     add("--out", metavar="DIR", default="runs/gpu_sweep", help="runs, logs, tables; default %(default)s")
     add("--epochs", type=int, metavar="E", help="epochs a variant; default 30 (1 with --smoke)")
     add("--seed", type=int, metavar="S", default=0, help="every variant's --seed_everything; default 0")

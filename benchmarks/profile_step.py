@@ -1,80 +1,101 @@
-"""Where one training step of a system goes: torch.profiler's top operators, then the step's time
-split into matmuls (attention and convolutions included), GELU, LayerNorm, copies and casts, and
-the rest; then the step's matmuls alone, replayed back to back, for an estimate of what the step
-would take if nothing else took time.
+"""Where a training step's time goes, by kind of operator: matrix products, attention, softmax,
+LayerNorm, GELU, casts and copies, the optimizer, the rest; and what the step would take if its
+matmuls alone took time.
 
-python -m benchmarks.profile_step --system ours --precision bf16
+    python benchmarks/profile_step.py                                  # ours, the cifar model, bf16
+    python benchmarks/profile_step.py --systems ours timm vit-pytorch --precision fp32
+    python benchmarks/profile_step.py --top 25          # and torch.profiler's 25 costliest operators
+    python benchmarks/profile_step.py --matmuls-alone   # and the step's matmuls replayed alone
+    python benchmarks/profile_step.py --smoke                          # toy size, a few seconds
+
+Each system is `benchmarks/throughput.py`'s (the same model, optimizer and batch); `--steps`
+training steps run under `torch.profiler` after `--warmup` steps, and each operator's own time
+(`self_cpu_time_total`, or CUDA time on a GPU) is put in the first kind whose name it matches.
+Time in kernels only: Python and the dispatcher between them are the difference between the
+step's wall time and the sum, printed as "outside operators".
+
+`--matmuls-alone` then times each system's step unprofiled, records its matmul calls (forward and
+backward: `mm`, `addmm`, `bmm`, SDPA, convolutions) with copies of their inputs in the same sizes
+and strides, and replays them back to back: an estimate of what the step would take, with the same
+matmul kernels, if nothing else (norms, activations, casts, adds, the optimizer) took time. The
+rest is given two ways: the step minus the matmuls alone, and the step times the profile's
+non-matmul share. It also counts the minor page faults per step: memory the allocator takes fresh
+from the system, every page zeroed on first touch.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+import time
 from functools import partial
+from pathlib import Path
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.throughput import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks`, `lab` and `vit` import from the checkout
+
+from benchmarks.throughput import (  # noqa: E402
     BUILDERS,
-    CONFIG,
-    MATMULS,
+    MODELS,
     PRECISIONS,
+    STEM_CONFIGS,
     System,
     pick_device,
     replay,
     seconds_per_call,
 )
+from lab.machine import hardware  # noqa: E402
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system", default="ours", choices=list(BUILDERS))
-    parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS))
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=25)
-    args = parser.parse_args(argv)
-    device = pick_device()
-    system = System(args.system, CONFIG, args.batch, PRECISIONS[args.precision], device)
-    for _ in range(3):
-        system.train_step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(args.steps):
-            system.train_step()
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    averages = prof.key_averages()
-    print(averages.table(sort_by=sort, row_limit=args.rows))
-    if device.type == "cpu":
-        totals = breakdown(averages, args.steps)
-        print(format_breakdown(totals))
-        print(matmul_report(system, args.batch, totals["matmul"] / sum(totals.values())))
-
-
-# Operator-name fragments per category, checked in order; self times, so nothing is counted twice.
-CATEGORIES = {
-    "matmul": MATMULS,
-    "GELU": ("gelu",),
-    "LayerNorm": ("layer_norm",),
-    "copies and casts": ("aten::copy_", "aten::_to_copy", "aten::cat"),
+# kind -> substrings of aten operator names, tried in this order
+KINDS = {
+    "attention": ("scaled_dot_product", "flash", "_efficient_attention"),
+    "matmul": ("mm", "matmul", "linear", "addmm", "baddbmm", "bmm", "convolution", "conv2d"),
+    "softmax": ("softmax",),
+    "layernorm": ("layer_norm", "native_layer_norm", "batch_norm"),
+    "gelu": ("gelu",),
+    "optimizer": ("_foreach", "_fused_adam", "addcdiv", "lerp", "sqrt"),
+    "casts and copies": ("_to_copy", "copy_", "to", "clone", "contiguous", "cat", "transpose", "permute"),
 }
+MATMUL_KINDS = ("attention", "matmul")  # what the replay of --matmuls-alone runs
 
 
-def breakdown(averages, steps: int) -> dict[str, float]:
-    """Milliseconds per step by category of operator (self CPU time)."""
-    totals = dict.fromkeys([*CATEGORIES, "everything else"], 0.0)
+def kind_of(name: str) -> str:
+    op = name.removeprefix("aten::")
+    for kind, parts in KINDS.items():
+        if any(part in op for part in parts):
+            return kind
+    return "other"
+
+
+def profile_system(system: System, steps: int, warmup: int, top: int = 0) -> dict:
+    """Seconds a step in all, and by kind (own time of each operator, summed); with `top`, prints
+    torch.profiler's table of that many operators, the costliest first."""
+    for _ in range(warmup):
+        system.train_step()
+    cuda = system.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            system.train_step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / steps
+    averages = prof.key_averages()
+    if top:
+        sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        print(f"{system.name}:\n{averages.table(sort_by=sort, row_limit=top)}")
+    by_kind = dict.fromkeys([*KINDS, "other"], 0.0)
     for event in averages:
-        category = next(
-            (c for c, parts in CATEGORIES.items() if any(p in event.key for p in parts)), "everything else"
-        )
-        totals[category] += event.self_cpu_time_total / 1e3 / steps
-    return totals
-
-
-def format_breakdown(totals: dict[str, float]) -> str:
-    step = sum(totals.values())
-    lines = [f"{name:<18} {ms:7.1f} ms  {ms / step:6.1%}" for name, ms in totals.items()]
-    return "\n".join([f"one step: {step:.1f} ms (self time of each operator on the calling thread)", *lines])
+        if not event.key.startswith("aten::"):
+            continue
+        own = event.self_device_time_total if cuda else event.self_cpu_time_total
+        by_kind[kind_of(event.key)] += own / 1e6 / steps
+    return dict(wall=wall, kinds=by_kind)
 
 
 def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
@@ -103,21 +124,75 @@ def page_faults_per_step(system: System, steps: int = 3) -> float:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
 
 
-def matmul_report(system: System, batch: int, profiled_share: float) -> str:
+def matmul_report(system: System, profiled: dict) -> dict:
     """The step unprofiled, its matmuls alone, and two estimates of everything else: the step
     minus the matmuls alone, and the step times the non-matmul share of the profile."""
     faults = page_faults_per_step(system)
     step, alone, count = matmuls_alone(system)
+    share = sum(profiled["kinds"][kind] for kind in MATMUL_KINDS) / profiled["wall"]
+    return dict(faults=faults, step=step, alone=alone, calls=count, rest_by_share=step * (1 - share))
+
+
+def format_report(name: str, batch: int, report: dict) -> str:
+    step, alone = report["step"], report["alone"]
     return "\n".join(
         [
-            f"minor page faults per step: {faults:.0f}",
-            f"unprofiled step: {step * 1e3:.1f} ms = {batch / step:.1f} img/s",
-            f"its {count} matmul calls alone, back to back: {alone * 1e3:.1f} ms = "
+            f"{name}: minor page faults per step: {report['faults']:.0f}",
+            f"  unprofiled step: {step * 1e3:.1f} ms = {batch / step:.1f} img/s",
+            f"  its {report['calls']} matmul calls alone, back to back: {alone * 1e3:.1f} ms = "
             f"{batch / alone:.1f} img/s if nothing else took time",
-            f"everything else: {(step - alone) * 1e3:.1f} ms (step - matmuls alone), "
-            f"{step * (1 - profiled_share) * 1e3:.1f} ms (step x the profile's non-matmul share)",
+            f"  everything else: {(step - alone) * 1e3:.1f} ms (step - matmuls alone), "
+            f"{report['rest_by_share'] * 1e3:.1f} ms (step x the profile's non-matmul share)",
         ]
     )
+
+
+def table(results: dict[str, dict]) -> str:
+    names = list(results)
+    lines = ["kind (ms a step)".ljust(22) + "".join(f"{n:>18}" for n in names)]
+    kinds = [*KINDS, "other"]
+    for kind in kinds:
+        cells = []
+        for n in names:
+            r = results[n]
+            ms, share = r["kinds"][kind] * 1e3, r["kinds"][kind] / r["wall"]
+            cells.append(f"{ms:9.1f} ({share:5.1%})")
+        lines.append(kind.ljust(22) + "".join(f"{c:>18}" for c in cells))
+    outside = [results[n]["wall"] - sum(results[n]["kinds"].values()) for n in names]
+    lines.append("outside operators".ljust(22) + "".join(f"{o * 1e3:18.1f}" for o in outside))
+    lines.append("step, wall".ljust(22) + "".join(f"{results[n]['wall'] * 1e3:18.1f}" for n in names))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS, default="cifar", help="as throughput.py's")
+    parser.add_argument("--systems", nargs="+", default=["ours"], choices=list(BUILDERS))
+    parser.add_argument("--precision", choices=list(PRECISIONS), default="bf16")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--top", type=int, default=0, metavar="N", help="print the N costliest operators")
+    parser.add_argument("--matmuls-alone", action="store_true", help="time the step's matmuls replayed alone")
+    parser.add_argument("--smoke", action="store_true", help="a batch of 2, one step: seconds")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.batch, args.steps, args.warmup = 2, 1, 1
+    device = pick_device()
+    cfg = MODELS[args.model]()
+    results = {}
+    for name in args.systems:
+        system = System(name, cfg, args.batch, PRECISIONS[args.precision], device,
+                        stem_config=STEM_CONFIGS.get(args.model))  # fmt: skip
+        results[name] = profile_system(system, args.steps, args.warmup, args.top)
+        if args.matmuls_alone:  # after the profile: the recorded copies would weigh on it
+            results[name]["matmuls_alone"] = matmul_report(system, results[name])
+    print(f"{hardware(device)}; model {args.model}, batch {args.batch}, {args.precision}, {args.steps} steps")
+    print(table(results))
+    for name, result in results.items():
+        if "matmuls_alone" in result:
+            print(format_report(name, args.batch, result["matmuls_alone"]))
+    return results
 
 
 if __name__ == "__main__":

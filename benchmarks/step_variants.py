@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.throughput import CONFIG, PRECISIONS, System, pick_device, seconds_per_call
+from benchmarks.throughput import PRECISIONS, System, pick_device, seconds_per_call
+from lab.peers import CONFIG
 from vit.model import FeedForward
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from benchmarks.explanations import cpu_name
+from lab.machine import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR10 = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines

@@ -45,8 +45,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -60,16 +60,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.classifier import adamw
-from vit.commands.train import cpu_has_native_bf16
-from vit.config import PRESETS
-from vit.model import ViT
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `lab` and `vit` import from the checkout
 
-# The `cifar` model: CIFAR-sized images, a ViT-Ti-wide model of 6 blocks.
-CONFIG = dict(image_size=32, patch_size=4, dim=192, depth=6, heads=3, mlp_ratio=4.0, num_classes=10)
+from lab.machine import hardware  # noqa: E402
+from lab.peers import CONFIG, MODULES, PEERS  # noqa: E402
+from vit.classifier import adamw  # noqa: E402
+from vit.commands.train import cpu_has_native_bf16  # noqa: E402
+from vit.config import PRESETS  # noqa: E402
+from vit.model import ViT  # noqa: E402
+
 # ViT-S/16 at 224, ImageNet's classes: the ViT paper's small model
 VIT_S16 = dict(image_size=224, patch_size=16, **PRESETS["s"], num_classes=1000)
-ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "configs" / "cifar10_cpu.yaml"
 GPU_CONFIG = ROOT / "configs" / "cifar10_gpu.yaml"
 STEM_OPTIONS = ("conv_stem", "conv_stem_strides", "patch_size")
@@ -123,32 +125,11 @@ def plain_transformer(config: Path) -> dict:
     return dict(image_size=32, patch_size=vit.get("patch_size", 4), **sizes, num_classes=10)
 
 
-def build_timm(cfg: dict) -> nn.Module:
-    from timm.models.vision_transformer import VisionTransformer
-
-    return VisionTransformer(
-        img_size=cfg["image_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
-        embed_dim=cfg["dim"], depth=cfg["depth"], num_heads=cfg["heads"], mlp_ratio=cfg["mlp_ratio"],
-    )  # fmt: skip
-
-
-def build_vit_pytorch(cfg: dict) -> nn.Module:
-    from vit_pytorch import ViT
-
-    return ViT(
-        image_size=cfg["image_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
-        dim=cfg["dim"], depth=cfg["depth"], heads=cfg["heads"], dim_head=cfg["dim"] // cfg["heads"],
-        mlp_dim=int(cfg["dim"] * cfg["mlp_ratio"]),
-    )  # fmt: skip
-
-
 BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
     "ours": build_ours,
-    "timm": build_timm,
-    "vit-pytorch": build_vit_pytorch,
+    **PEERS,
     "ours+stem": build_ours_with_stem,  # not a peer; not run by default
 }
-PEERS = ("timm", "vit-pytorch")
 # --model: the transformer every system gets (read when asked for), and the config whose stem
 # `ours+stem` adds to it
 MODELS: dict[str, Callable[[], dict]] = {
@@ -157,7 +138,6 @@ MODELS: dict[str, Callable[[], dict]] = {
     "vit-s16": lambda: VIT_S16,
 }
 STEM_CONFIGS = {"cifar": CPU_CONFIG, "cifar10_gpu": GPU_CONFIG}
-MODULES = {"timm": "timm", "vit-pytorch": "vit_pytorch"}  # what each peer imports
 
 
 def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
@@ -411,19 +391,6 @@ def precision_report(results: dict[str, dict], peak: float) -> dict:
         for name, r in results.items()
     }
     return dict(gemm_peak=peak, systems=systems, target=verdicts(results) if has_target(results) else None)
-
-
-def hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-    return f"{name}; {torch.get_num_threads()} threads; torch {torch.__version__}; device {device.type}"
 
 
 def precisions_to_time(asked: list[str] | None, device: torch.device) -> list[str]:

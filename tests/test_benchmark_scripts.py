@@ -98,20 +98,24 @@ def test_the_heads_benchmark_counts_the_passes_analyse_makes():
     assert needed(model) == 1 + 2 * layers * heads
 
 
-def test_step_profile_puts_every_operator_in_one_kind(capsys):
-    from benchmarks import step_profile
+def test_profile_step_puts_every_operator_in_one_kind(capsys):
+    from benchmarks import profile_step
 
-    assert step_profile.kind_of("aten::addmm") == "matmul"
-    assert step_profile.kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
-    assert step_profile.kind_of("aten::native_layer_norm_backward") == "layernorm"
-    assert step_profile.kind_of("aten::_foreach_lerp_") == "optimizer"
-    assert step_profile.kind_of("aten::_to_copy") == "casts and copies"
-    assert step_profile.kind_of("aten::where") == "other"
-    (result,) = step_profile.main(["--smoke", "--precision", "fp32"]).values()
+    assert profile_step.kind_of("aten::addmm") == "matmul"
+    assert profile_step.kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert profile_step.kind_of("aten::native_layer_norm_backward") == "layernorm"
+    assert profile_step.kind_of("aten::_foreach_lerp_") == "optimizer"
+    assert profile_step.kind_of("aten::_to_copy") == "casts and copies"
+    assert profile_step.kind_of("aten::where") == "other"
+    options = ["--smoke", "--precision", "fp32", "--top", "3", "--matmuls-alone"]
+    (result,) = profile_step.main(options).values()
     kinds = result["kinds"]
     assert kinds["matmul"] > 0 and kinds["optimizer"] > 0
     assert 0 < sum(kinds.values()) <= result["wall"] * 1.05  # own times: no operator counted twice
-    assert "step, wall" in capsys.readouterr().out
+    report = result["matmuls_alone"]
+    assert report["calls"] > 0 and 0 < report["alone"] < report["step"]
+    out = capsys.readouterr().out
+    assert "step, wall" in out and "Self CPU" in out and "matmul calls alone, back to back" in out
 
 
 @pytest.mark.slow

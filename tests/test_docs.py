@@ -15,6 +15,7 @@ DOCS = [
     README,
     *sorted((ROOT / "docs").rglob("*.md")),
     ROOT / "benchmarks" / "README.md",
+    ROOT / "tools" / "README.md",
     *sorted((ROOT / "studies").rglob("*.md")),
 ]
 
@@ -166,7 +167,7 @@ def test_every_option_is_shown_one_way_and_read_both_ways():
 
 # Every figure of a study comes from a committed output: a marked table or paragraph (or list)
 # names its files,
-#   <!-- figures: heads/demo_heads.txt heads/demo_heads.json -->
+#   <!-- figures: ../studies/heads/outputs/demo_heads.txt ../studies/heads/outputs/demo_heads.json -->
 # (paths from the page's folder) on the line before it, and each decimal number in the block must
 # be printed in one of the text files, or be a value of one of the JSON files at the shown precision
 # (or a share times 100: "points", either sign: "costs 11.2 points" for a change of -0.112).
@@ -287,5 +288,5 @@ def test_the_layout_names_every_module():
     ]
     missing = [str(p.relative_to(ROOT)) for p in modules if p.name not in block]
     assert len(modules) > 25 and not missing, missing
-    for folder in ("vit/interpret/", "vit/commands/", "benchmarks/", "studies/", "tools/"):
+    for folder in ("vit/interpret/", "vit/commands/", "benchmarks/", "studies/", "tools/", "lab/"):
         assert folder in block, folder

@@ -153,7 +153,7 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
-    from tools.cifar10_pack import fake_cifar10
+    from lab.cifar10_pack import fake_cifar10
     from vit import ViTClassifier, ViTConfig
     from vit.callbacks import EMA, ProgressBar
     from vit.datamodules import CIFAR10

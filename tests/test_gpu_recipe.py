@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks import gpu_check
-from tools.cifar10_pack import fake_cifar10, files_of, pack, unpack
+from lab.cifar10_pack import fake_cifar10, files_of, pack, unpack
 from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.callbacks import EMA
 from vit.classifier import warmup_cosine

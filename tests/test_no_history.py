@@ -5,7 +5,18 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PLACES = ("vit", "tests", "configs", "docs", "benchmarks", "studies", "tools", "notebooks", "README.md")
+PLACES = (
+    "vit",
+    "tests",
+    "configs",
+    "docs",
+    "benchmarks",
+    "studies",
+    "tools",
+    "lab",
+    "notebooks",
+    "README.md",
+)
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".ipynb", ".txt", ".html", ".toml"}
 # Built from pieces, so that this file's own source does not match.
 TICKET = re.compile(r"\b" + "iss" + r"ues? #?\d+", re.IGNORECASE)

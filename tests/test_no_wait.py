@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from syncs import WouldWait, training_tensors
 
-from tools.cifar10_pack import fake_cifar10
+from lab.cifar10_pack import fake_cifar10
 from vit import ViT, ViTClassifier, ViTConfig
 from vit.callbacks import EMA, ProgressBar
 from vit.classifier import adamw

@@ -235,7 +235,7 @@ def test_even_attention_is_a_head_whose_queries_and_keys_are_zero():
 
 
 @pytest.mark.slow
-def test_the_heads_study_writes_every_file_docs_heads_reads(tmp_path):
+def test_the_heads_study_writes_every_file_docs_heads_md_reads(tmp_path):
     out = tmp_path / "heads"
     out.mkdir()
     earlier = {"cpu": "another CPU", "test/acc": 0.5}  # a model this run leaves alone keeps its entry

@@ -14,7 +14,6 @@ from benchmarks.throughput import (
     CPU_CONFIG,
     GPU_CONFIG,
     MODELS,
-    MODULES,
     STEM_CONFIGS,
     TIE,
     System,
@@ -23,6 +22,7 @@ from benchmarks.throughput import (
     measure,
     table,
 )
+from lab.peers import MODULES
 from vit.commands.train import cpu_has_native_bf16
 from vit.config import PRESETS
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
+sys.path.insert(0, str(ROOT))  # run as a script: `lab` and `vit` import from the checkout
 
-from benchmarks.explanations import cpu_name  # noqa: E402
+from lab.machine import cpu_name  # noqa: E402
 from vit.commands.train import run  # noqa: E402
 
 

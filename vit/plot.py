@@ -114,6 +114,3 @@ def reliability_figure(
     bottom.set_xlabel("confidence (highest probability)")
     bottom.set_ylabel("share of images")
     return fig
-
-
-# ------------------------------------------------------------------ the scores of vit.interpret.score

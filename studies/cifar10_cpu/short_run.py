@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.throughput import CONFIG, build_vit_pytorch
+from lab.peers import CONFIG, build_vit_pytorch
 from vit.datamodules import CIFAR10
 from vit.model import ViT, num_params
 

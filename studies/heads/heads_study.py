@@ -3,10 +3,10 @@ models of docs/heads.md, then runs on each `vit-attention heads` (1,000 test ima
 default attribution, the logit difference to the runner-up, and again with `--attribute logit`),
 `vit-attention patch` (256 pairs of exact counterfactuals) and the three studies beside them
 (`patch_by_evidence.py`, `even_attention.py`, `circle_attention.py`, the last for the head whose
-mean ablation costs the most), writing every printout and
-JSON into one folder, the files docs/heads.md reads its figures from.
+mean ablation costs the most), writing every printout and JSON into one folder, by default
+studies/heads/outputs/: the files docs/heads.md reads its figures from.
 
-    python studies/heads/heads_study.py --out docs/heads            # about 20 minutes on 2 CPU cores
+    python studies/heads/heads_study.py                              # about 20 minutes on 2 CPU cores
     python studies/heads/heads_study.py --out /tmp/study --smoke     # seconds: every step, tiny
 
 The models (their commands in MODELS): "demo", the demo config with learned absolute positions
@@ -26,10 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # run as a script: `studies`, `benchmarks` and `vit` import from the checkout
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `studies`, `lab` and `vit` import from the checkout
 
-from benchmarks.explanations import cpu_name  # noqa: E402
+from lab.machine import cpu_name  # noqa: E402
 from studies.heads import circle_attention, even_attention, patch_by_evidence  # noqa: E402
 from vit.commands import heads, patch  # noqa: E402
 from vit.commands.train import run  # noqa: E402
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "heads", help="folder for the outputs")
+    parser.add_argument("--out", type=Path, default=HERE / "outputs", help="folder for the outputs")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "heads_study", help="the checkpoints")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--smoke", action="store_true", help="tiny training and few images: a check")

@@ -6,8 +6,8 @@ take 60,000 files as a tar (about 29 MB of headers on 55 MB of JPEG bytes) nor t
 names included, so the data module decodes it as it decodes the original folders and holds out the
 same validation images.
 
-    python tools/cifar10_pack.py pack ../shared/data/cifar10-jpeg .gpu/cifar10-jpeg.pack
-    python tools/cifar10_pack.py unpack .gpu/cifar10-jpeg.pack /tmp/cifar10-jpeg
+    python lab/cifar10_pack.py pack ../shared/data/cifar10-jpeg .gpu/cifar10-jpeg.pack
+    python lab/cifar10_pack.py unpack .gpu/cifar10-jpeg.pack /tmp/cifar10-jpeg
 
 Layout: the line `vit-image-pack 1`, one line of JSON (`files`: [[relative path, bytes], ...] in
 order), then the files' bytes in that order.
