@@ -105,14 +105,10 @@ class AttentionOptions(Images):
         metavar="PATH",
     )
     heads: str | None = option(
-        None,
-        "with --html: a heads.json of vit-attention heads, whose ablation grid the page shows",
-        metavar="FILE",
+        None, "with --html: a heads.json of vit-attention heads to show", metavar="FILE"
     )
     scores: str | None = option(
-        None,
-        "with --html: a scores.json of vit-attention score, whose figures the page shows",
-        metavar="FILE",
+        None, "with --html: a scores.json of vit-attention score to show", metavar="FILE"
     )
 
     def spec(self) -> MapSpec:

@@ -137,19 +137,17 @@ class Source:
     library), how many images go through it at once, and on which device."""
 
     ckpt: str | None = option(None, "checkpoint written by vit-train", metavar="PATH")
+    model: str | None = option(
+        None, "instead of --ckpt: timm:NAME, hf:REPO_ID_OR_FOLDER or a vit-export folder", metavar="SOURCE"
+    )
+    weights: str | None = option(
+        None, "the --model's weights (.safetensors, .pth, .bin): nothing is downloaded", metavar="FILE"
+    )
     datamodule: str | None = option(
         None,
         "the class of the checkpoint's data module when it is your own (vit-train fit --data "
         "mydm.Pets): mydm.Pets, imported because you name it; a checkpoint alone never imports code",
         metavar="CLASS_PATH",
-    )
-    model: str | None = option(
-        None,
-        "instead of --ckpt: timm:NAME, hf:REPO_ID_OR_FOLDER or a folder written by vit-export",
-        metavar="SOURCE",
-    )
-    weights: str | None = option(
-        None, "the --model's weights (.safetensors, .pth, .bin): nothing is downloaded", metavar="FILE"
     )
     batch_size: int | None = option(64, "images per forward pass", type=int, metavar="N")
     device: str = option("auto", "auto: a GPU if there is one", choices=DEVICES)

@@ -92,8 +92,8 @@ class PatchOptions(Analysis):
     )
     pairs: str | None = option(
         None,
-        "pairs of image files, clean,corrupted a line (paths relative to the CSV's folder), read as "
-        "--images are; instead of --corrupt",
+        "pairs of image files, clean,corrupted a line (paths relative to the CSV's folder; read as --images "
+        "are), instead of --corrupt",
         metavar="CSV",
     )
     corrupt: str | None = option(
