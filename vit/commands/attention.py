@@ -158,7 +158,9 @@ def attention(options: AttentionOptions) -> list[Path]:
     captions, tags = image_names(inputs)
     if page is not None:
         return [write_page(page, inputs, spec, captions, options.batch_size, started)]
-    found = explain(inputs.model, inputs.images, spec, options.batch_size, inputs.class_names)
+    found = explain(
+        inputs.model, inputs.images, spec, batch_size=options.batch_size, class_names=inputs.class_names
+    )
     if found.note:
         print(f"note: {found.note}")
     figures = draw(found, inputs, spec, captions, tags)

@@ -155,10 +155,10 @@ def evaluate(options: EvalOptions, progress: bool = True) -> dict:
     probabilities, labels = collect_probabilities(
         measured.network,
         measured.dataset,
-        measured.batch_size,
-        options.tta,
-        device,
-        progress,
+        batch_size=measured.batch_size,
+        tta=options.tta,
+        device=device,
+        progress=progress,
         desc=f"{options.split} split",
     )
     classes = measured.classes
