@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.augment import POLICIES, mix, random_crop_flip
 from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder, read_masks
-from vit.errors import DataError, DataNotFoundError, one_line, require
+from vit.errors import DataError, DataNotFoundError, UsageError, one_line, require
 from vit.preparation import Preparation, to_float
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -562,3 +562,29 @@ def spread_test_images(datamodule, n: int) -> tuple[torch.Tensor, torch.Tensor, 
     indices = sorted(set(torch.linspace(0, size - 1, min(n, size)).round().long().tolist()))
     images, labels = split[indices]
     return images, labels, indices
+
+
+def output_indices(names: list[str], preparation: Preparation, folder: Path) -> list[int]:
+    """For each class folder name, the model output it names: a class name of the model or, for
+    ImageNet heads, a synset (n01440764). A name the model does not know is a UsageError."""
+    if not preparation.classes:
+        raise UsageError("the model has no head (it outputs features): it has no classes to evaluate")
+    lookup = {name: i for i, name in enumerate(preparation.classes)}
+    lookup |= {name: i for i, name in enumerate(preparation.class_ids)}
+    unknown = [name for name in names if name not in lookup]
+    if unknown:
+        ids = " or ImageNet synsets (such as n01440764)" if preparation.class_ids else ""
+        raise UsageError(
+            f"the model has no class {unknown[0]!r} (a class folder of {folder}; {len(unknown)} such); "
+            f"name the folders by its class names ({', '.join(preparation.classes[:3])}, ...){ids}"
+        )
+    return [lookup[name] for name in names]
+
+
+def class_folder_split(folder: Path, preparation: Preparation) -> tuple[InMemory, list[int]]:
+    """The images of `folder/<class>/*` prepared for a model, labelled with the model output each
+    class folder names (`output_indices`), and those outputs, in the model's order."""
+    names = class_folders(folder)
+    outputs = output_indices(names, preparation, folder)
+    images, labels = read_image_folder(folder.parent, folder.name, names, preparation, on_bad_file="skip")
+    return InMemory(images, torch.tensor(outputs)[labels]), sorted(set(outputs))

@@ -137,3 +137,27 @@ def restrict_to(metrics: dict, present: list[int], classes: list[str]) -> dict:
     metrics["confusion_columns"] = [classes[i] for i in present] + ["other"]
     metrics["per_class"] = {classes[i]: metrics["per_class"][classes[i]] for i in present}
     return metrics
+
+
+def metrics_table(metrics: dict) -> str:
+    """The figures of `vit-eval` (`classification_metrics`, with where the model and the data came
+    from) as a table to read in a terminal."""
+    overrides = ", ".join(f"{k}={v}" for k, v in metrics["data_overrides"].items())
+    data = f"{metrics['data_module']}, {metrics['split']} split"
+    source = ("checkpoint", metrics["checkpoint"]) if "checkpoint" in metrics else ("model", metrics["model"])
+    rows = [
+        source,
+        ("data", data + (f" ({overrides})" if overrides else "") + (", flip TTA" if metrics["tta"] else "")),
+        ("images", metrics["num_images"]),
+        ("top-1 accuracy", f"{metrics['top1']:.4f}"),
+    ]
+    if "top5" in metrics:
+        rows.append(("top-5 accuracy", f"{metrics['top5']:.4f}"))
+    rows += [(f"ECE ({metrics['ece_bins']} bins)", f"{metrics['ece']:.4f}"), ("NLL", f"{metrics['nll']:.4f}")]
+    lines = [f"{label:<16}{value}" for label, value in rows]
+    width = max(5, *(len(name) for name in metrics["per_class"]))
+    lines += ["", f"{'class':<{width}}  accuracy  images"]
+    for name, row in metrics["per_class"].items():
+        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
+        lines.append(f"{name:<{width}}  {accuracy:>8}  {row['images']:>6}")
+    return "\n".join(lines)

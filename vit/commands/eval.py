@@ -9,9 +9,9 @@
     vit-eval --model timm:deit_tiny_patch16_224 --weights deit.safetensors --data root=imagenet/val
     vit-eval predict --model hf:google/vit-base-patch16-224 cat.jpg    # models of other libraries
 
-The figures come from `vit.metrics`; this command loads, calls, prints and saves. Checkpoints are
-read without unpickling code (`vit.checkpoint`). Measuring rebuilds the model
-and its data module from the checkpoint; `predict` needs only the checkpoint: its `Preparation`
+The figures and their table come from `vit.metrics`; this command loads, calls, prints and
+saves. Checkpoints are read without unpickling code (`vit.checkpoint`). Measuring rebuilds the
+model and its data module from the checkpoint; `predict` needs only the checkpoint: its `Preparation`
 says how image files become model input, and no data module is built. Everything is computed
 before the first file is written; bad input stops the command with one line `error: ...` and exit
 status 2 (a bad option or value) or 1 (a missing or unreadable file), and writes nothing.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vit.commands.base import (
     Command,
@@ -40,67 +39,7 @@ from vit.commands.base import (
 )
 from vit.errors import UsageError
 
-if TYPE_CHECKING:
-    from vit.datamodules import InMemory
-    from vit.preparation import Preparation
-
 SPLITS = ("test", "val")
-
-
-def output_indices(names: list[str], preparation: Preparation, folder: Path) -> list[int]:
-    """For each class folder name, the model output it names: a class name of the model or, for
-    ImageNet heads, a synset (n01440764). A name the model does not know is a UsageError."""
-    if not preparation.classes:
-        raise UsageError("the model has no head (it outputs features): it has no classes to evaluate")
-    lookup = {name: i for i, name in enumerate(preparation.classes)}
-    lookup |= {name: i for i, name in enumerate(preparation.class_ids)}
-    unknown = [name for name in names if name not in lookup]
-    if unknown:
-        ids = " or ImageNet synsets (such as n01440764)" if preparation.class_ids else ""
-        raise UsageError(
-            f"the model has no class {unknown[0]!r} (a class folder of {folder}; {len(unknown)} such); "
-            f"name the folders by its class names ({', '.join(preparation.classes[:3])}, ...){ids}"
-        )
-    return [lookup[name] for name in names]
-
-
-def folder_split(folder: Path, preparation: Preparation) -> tuple[InMemory, list[int]]:
-    """The images of `folder/<class>/*` prepared for a model, labelled with the model output each
-    class folder names (`output_indices`), and those outputs, in the model's order."""
-    import torch
-
-    from vit.datamodules import InMemory
-    from vit.decode import class_folders, read_image_folder
-
-    names = class_folders(folder)
-    outputs = output_indices(names, preparation, folder)
-    images, labels = read_image_folder(folder.parent, folder.name, names, preparation, on_bad_file="skip")
-    return InMemory(images, torch.tensor(outputs)[labels]), sorted(set(outputs))
-
-
-def format_table(metrics: dict) -> str:
-    """The figures of `evaluate` as a table to read in a terminal."""
-    overrides = ", ".join(f"{k}={v}" for k, v in metrics["data_overrides"].items())
-    data = f"{metrics['data_module']}, {metrics['split']} split"
-    source = ("checkpoint", metrics["checkpoint"]) if "checkpoint" in metrics else ("model", metrics["model"])
-    rows = [
-        source,
-        ("data", data + (f" ({overrides})" if overrides else "") + (", flip TTA" if metrics["tta"] else "")),
-        ("images", metrics["num_images"]),
-        ("top-1 accuracy", f"{metrics['top1']:.4f}"),
-    ]
-    if "top5" in metrics:
-        rows.append(("top-5 accuracy", f"{metrics['top5']:.4f}"))
-    rows += [(f"ECE ({metrics['ece_bins']} bins)", f"{metrics['ece']:.4f}"), ("NLL", f"{metrics['nll']:.4f}")]
-    lines = [f"{label:<16}{value}" for label, value in rows]
-    width = max(5, *(len(name) for name in metrics["per_class"]))
-    lines += ["", f"{'class':<{width}}  accuracy  images"]
-    for name, row in metrics["per_class"].items():
-        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
-        lines.append(f"{name:<{width}}  {accuracy:>8}  {row['images']:>6}")
-    return "\n".join(lines)
-
-
 TTA_HELP = (
     "average the probabilities of each image and its mirror image (flipped left to right); only for "
     "data whose classes survive a mirror (not two circles: a flip swaps / and \\)"
@@ -142,7 +81,7 @@ def evaluate(options: EvalOptions, progress: bool = True) -> dict:
     folders are named by its class names or, for ImageNet heads, synsets (n01440764); they may be
     a subset of its classes (a prediction of another class is wrong).
     """
-    from vit.metrics import classification_metrics, collect_probabilities, restrict_to
+    from vit.metrics import classification_metrics, collect_probabilities, metrics_table, restrict_to
 
     if options.split not in SPLITS:
         raise UsageError(f"unknown split {options.split!r}; choose one of {', '.join(SPLITS)}")
@@ -169,7 +108,7 @@ def evaluate(options: EvalOptions, progress: bool = True) -> dict:
     metrics = {**measured.about, "tta": options.tta, **classification_metrics(probabilities, labels, classes)}
     if measured.present is not None and len(measured.present) < len(classes):
         metrics = restrict_to(metrics, measured.present, classes)
-    print(format_table(metrics))
+    print(metrics_table(metrics))
     if options.out is not None:
         print()
         write_outputs(options.out, evaluation_files(metrics, options))
@@ -202,12 +141,13 @@ def checkpoint_split(options: EvalOptions) -> Measured:
 def model_folder(options: EvalOptions) -> Measured:
     """A model of another library (or a vit-export folder) and a folder of class folders."""
     from vit.checkpoint import load_network
+    from vit.datamodules import class_folder_split
 
     data = dict(options.data)
     if options.split != "test" or set(data) != {"root"}:
         raise UsageError("with --model, give the images as --data root=FOLDER (FOLDER/<class>/<images>)")
     network, preparation = load_network(options.ckpt, options.model, options.weights)
-    dataset, present = folder_split(Path(data["root"]), preparation)
+    dataset, present = class_folder_split(Path(data["root"]), preparation)
     weights = None if options.weights is None else str(options.weights)
     about = {"model": options.model, "weights": weights, "split": "test"}
     about |= {"data_module": "class folders", "data_overrides": data, "data": data}
