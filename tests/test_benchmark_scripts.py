@@ -72,6 +72,7 @@ def test_the_passes_the_protocol_needs_are_the_passes_it_makes(trained):
         handle.remove()
 
 
+@pytest.mark.slow
 def test_explore_page_benchmark_smoke(trained_checkpoint, chromium, tmp_path):
     """Both models' pages written, opened in Chromium and redrawn; one row each."""
     tiny = ["--num-images", "2", "--timm", "vit_tiny_patch16_224", "--timm-images", "1", "--queries", "2"]

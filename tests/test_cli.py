@@ -113,7 +113,6 @@ def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
     assert torch.isfinite(torch.tensor(last_value(rows, "val/loss")))
 
 
-@pytest.mark.slow
 class Snapshots(L.Callback):
     """The network's buffers and gradients when fit starts and when training starts: between the
     two, `compile: true` compiles (vit.classifier.compile_now)."""
@@ -132,6 +131,7 @@ class Snapshots(L.Callback):
         self.compiled_calls = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 def test_compile_trains_and_keeps_eager_checkpoints(runs):
     """`--model.compile true` trains through torch.compile, compiled before the training clock
     starts (BatchNorm's statistics and the gradients left as they were, the seconds logged); the

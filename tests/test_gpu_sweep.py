@@ -13,6 +13,7 @@ from benchmarks import gpu_sweep
 TWO = 'recipe: []\nno_policy: ["--data.init_args.policy", "none"]\n'
 
 
+@pytest.mark.slow
 def test_a_smoke_sweep_trains_two_variants_at_once_into_one_table(tmp_path):
     (tmp_path / "v.yaml").write_text(TWO)
     out = tmp_path / "sweep"
@@ -39,6 +40,7 @@ def test_a_smoke_sweep_trains_two_variants_at_once_into_one_table(tmp_path):
         assert page.count(f"| {name} | ") == 2  # the table and val/acc by epoch
 
 
+@pytest.mark.slow
 def test_a_deadline_stops_the_running_variant_and_leaves_the_next_unstarted(tmp_path):
     (tmp_path / "v.yaml").write_text(TWO)
     out = tmp_path / "sweep"

@@ -331,6 +331,7 @@ def test_a_run_resumed_mid_epoch_goes_on_with_the_images_it_had_not_seen(tmp_pat
     assert resumed == never_stopped[5:]
 
 
+@pytest.mark.slow
 def test_two_processes_see_disjoint_images_that_together_make_the_epoch(tmp_path):
     """DDP on the CPU (gloo, two processes): litdata gives each process its own share of the
     shuffled chunks. 48 distinct images, 24 a process in 6 batches of 4, each epoch: no image seen
