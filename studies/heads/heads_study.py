@@ -93,13 +93,15 @@ def study(name: str, ckpt: Path, out: Path, images: int, pairs: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for attribute, suffix in (("difference", "heads"), ("logit", "heads_raw_logit")):
             folder = Path(scratch) / suffix
-            text = printed(heads.heads, ckpt=ckpt, num_images=images, attribute=attribute, out=folder)
+            options = heads.HeadsOptions(ckpt=ckpt, num_images=images, attribute=attribute, out=folder)
+            text = printed(heads.heads, options)
             (out / f"{name}_{suffix}.txt").write_text(text)
             shutil.copy(folder / "heads.json", out / f"{name}_{suffix}.json")
             if suffix == "heads":
                 shutil.copy(folder / "ablation_mean.png", out / f"{name}_ablation_mean.png")
         folder = Path(scratch) / "patch"
-        (out / f"{name}_patch.txt").write_text(printed(patch.patch, ckpt=ckpt, num_images=pairs, out=folder))
+        options = patch.PatchOptions(ckpt=ckpt, num_images=pairs, out=folder)
+        (out / f"{name}_patch.txt").write_text(printed(patch.patch, options))
         shutil.copy(folder / "patch.json", out / f"{name}_patch.json")
         shutil.copy(folder / "patch_heads.png", out / f"{name}_patch_heads.png")
     layer, head = costliest_head(json.loads((out / f"{name}_heads.json").read_text()))
