@@ -14,6 +14,7 @@ import torch
 from helpers import ROOT, UnsafePayload, command_error, run_train, tiny_args
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
+from vit.callbacks import LastCheckpoint
 from vit.checkpoint import load_checkpoint
 from vit.commands import train as cli
 from vit.commands.attention import AttentionOptions, attention
@@ -202,7 +203,7 @@ def test_last_checkpoint_is_written_after_each_epoch_as_well_as_every_n_steps(tm
             if trainer.current_epoch > 0:
                 seen.append(torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"])
 
-    last = cli.LastCheckpoint(every_n_train_steps=5)
+    last = LastCheckpoint(every_n_train_steps=5)
     last.dirpath = str(tmp_path)
     trainer = L.Trainer(
         max_epochs=3, callbacks=[last, Recorder()], logger=False, enable_progress_bar=False,

@@ -1,8 +1,9 @@
 """vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget;
 `LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
-network); and `EMA`, a moving average of the weights. (`EvidenceMass`, which follows where the
-model's maps look while it learns, is `vit.interpret.callbacks.EvidenceMass`.)"""
+network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
+validation. (`EvidenceMass`, which follows where the model's maps look while it learns, is
+`vit.interpret.callbacks.EvidenceMass`.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import itertools
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, RichModelSummary, RichProgressBar, Timer, WeightAveraging
+from lightning.pytorch.callbacks import (
+    Callback,
+    ModelCheckpoint,
+    RichModelSummary,
+    RichProgressBar,
+    Timer,
+    WeightAveraging,
+)
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -287,6 +295,37 @@ class EMA(WeightAveraging):
                 counters.append(mine)
                 current_counters.append(theirs.detach())
         return averages, currents, counters, current_counters
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Writes `last.ckpt` after every validation (each epoch by default), every
+    `every_n_train_steps` steps if set, and when training ends.
+
+    Lightning's `ModelCheckpoint(save_last=True)` rewrites last.ckpt only when the monitored
+    best checkpoint is saved too, so after an epoch that did not improve val/acc, "last" would
+    be an older epoch. This callback monitors nothing, so it always saves.
+    """
+
+    def __init__(self, every_n_train_steps: int | None = None):
+        super().__init__(
+            filename=self.CHECKPOINT_NAME_LAST,
+            monitor=None,
+            save_top_k=1,
+            every_n_train_steps=every_n_train_steps,
+            enable_version_counter=False,
+        )
+
+    def _save_unless_saved(self, trainer) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):  # skips if this step is saved
+            self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not trainer.sanity_checking:
+            self._save_unless_saved(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save_unless_saved(trainer)
 
 
 def __getattr__(name: str):

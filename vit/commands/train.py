@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from vit.callbacks import ModelSummary, ProgressBar
+from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar
 from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
@@ -82,37 +82,6 @@ def quiet_lightning():
     finally:
         for logger in loggers:
             logger.removeFilter(not_chatter)
-
-
-class LastCheckpoint(ModelCheckpoint):
-    """Writes `last.ckpt` after every validation (each epoch by default), every
-    `every_n_train_steps` steps if set, and when training ends.
-
-    Lightning's `ModelCheckpoint(save_last=True)` rewrites last.ckpt only when the monitored
-    best checkpoint is saved too, so after an epoch that did not improve val/acc, "last" would
-    be an older epoch. This callback monitors nothing, so it always saves.
-    """
-
-    def __init__(self, every_n_train_steps: int | None = None):
-        super().__init__(
-            filename=self.CHECKPOINT_NAME_LAST,
-            monitor=None,
-            save_top_k=1,
-            every_n_train_steps=every_n_train_steps,
-            enable_version_counter=False,
-        )
-
-    def _save_unless_saved(self, trainer) -> None:
-        if not self._should_skip_saving_checkpoint(trainer):  # skips if this step is saved
-            self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        super().on_validation_end(trainer, pl_module)
-        if not trainer.sanity_checking:
-            self._save_unless_saved(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._save_unless_saved(trainer)
 
 
 class Parser(OneLineErrors, LightningArgumentParser):
