@@ -191,9 +191,9 @@ def draw(found: Explanation, inputs: Inputs, spec: MapSpec, captions: list[str],
     from vit.interpret.figures import batch_figure, layers_heads_figure
 
     batch, labels, names = inputs.images, inputs.labels, inputs.class_names
-    for i, p in enumerate(found.logits.argmax(-1).tolist()):
-        truth = "" if labels is None else f"true {names[labels[i]]}\n"
-        captions[i] = f"{captions[i]}\n{truth}pred {names[p]}"
+    predicted = found.logits.argmax(-1).tolist()
+    truths = [""] * len(predicted) if labels is None else [f"true {names[y]}\n" for y in labels.tolist()]
+    captions = [f"{c}\n{t}pred {names[p]}" for c, t, p in zip(captions, truths, predicted, strict=True)]
     box = None  # the query patch, outlined in every tile
     if spec.query_patch is not None:
         p = inputs.model.patch_size

@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     import lightning as L
     import torch
 
+    from vit.classifier import Classifier
+    from vit.datamodules import InMemoryDataModule
     from vit.model import ViT
+    from vit.preparation import Preparation
 
 USAGE, FAILURE = 2, 1  # exit statuses
 DEVICES = ("auto", "cpu", "cuda")
@@ -163,6 +166,27 @@ class Source:
         """The checkpoint's path or the model's name, for the JSON."""
         return str(self.ckpt or self.model)
 
+    def load_vit(self) -> tuple[ViT, Preparation, str]:
+        """The ViT of the checkpoint or model on its device, how image files become its input, and
+        the device: what reading image files needs (no data module is built)."""
+        from vit.checkpoint import load_network
+
+        device = torch_device(self.device)
+        network, preparation = load_network(self.ckpt, self.model, self.weights, self.datamodule)
+        return require_vit(network, self.name).to(device), preparation, device
+
+    def load_with_data(self, data: dict, missing: str) -> tuple[Classifier, InMemoryDataModule]:
+        """The checkpoint's module and its data module, rebuilt with `data` and prepared (a download,
+        where it was told to make one); `missing` says what to do when the checkpoint names none."""
+        from vit.checkpoint import load_checkpoint
+
+        classifier, datamodule = load_checkpoint(self.ckpt, data=data, datamodule_class=self.datamodule)
+        if datamodule is None:
+            raise ValueError(f"{self.ckpt} names no data module {missing}")
+        check_datamodule(datamodule)
+        datamodule.prepare_data()
+        return classifier, datamodule
+
 
 @dataclass
 class Images(Source):
@@ -201,31 +225,19 @@ class Images(Source):
         as the checkpoint or model says (no data module is built), else `num_images` test images
         of the checkpoint's data module (`spread_test_images`), built as
         `vit.checkpoint.load_checkpoint` builds it."""
-        from vit.checkpoint import load_checkpoint, load_network
-        from vit.model import ViT
+        from vit.datamodules import spread_test_images
         from vit.preparation import image_files, read_images
 
-        device = torch_device(self.device)
+        # the model goes to its device; the images follow a chunk at a time, results come back on the CPU
         if self.images:
-            network, preparation = load_network(self.ckpt, self.model, self.weights, self.datamodule)
-            names = list(preparation.classes)
-        else:
-            classifier, datamodule = load_checkpoint(
-                self.ckpt, data=self.data, datamodule_class=self.datamodule
-            )
-            if datamodule is None:
-                raise ValueError(f"{self.ckpt} names no data module to take test images from; give --images")
-            check_datamodule(datamodule)
-            datamodule.prepare_data()  # a download, where the data module was told to make one
-            network, names = classifier.model, [str(name) for name in datamodule.classes]
-        if not isinstance(network, ViT):
-            raise ValueError(f"{self.ckpt} holds a {type(network).__name__}, not a ViT: it has no attention")
-        network.to(device)  # the images follow a chunk at a time; results come back on the CPU
-        if self.images:
+            network, preparation, device = self.load_vit()
             files = image_files(self.images)
-            return Inputs(network, device, read_images(files, preparation), names, files=files)
-        from vit.datamodules import spread_test_images
-
+            batch = read_images(files, preparation)
+            return Inputs(network, device, batch, list(preparation.classes), files=files)
+        device = torch_device(self.device)
+        classifier, datamodule = self.load_with_data(self.data, "to take test images from; give --images")
+        network = require_vit(classifier.model, self.name).to(device)
+        names = [str(name) for name in datamodule.classes]
         batch, labels, indices = spread_test_images(datamodule, self.num_images)
         return Inputs(network, device, batch, names, datamodule=datamodule, indices=indices, labels=labels)
 
@@ -235,9 +247,7 @@ class Analysis(Images):
     """`Images`, and what the commands that measure the network on them (vit-attention score,
     heads, patch) add: a seed for every random draw and a folder for the results."""
 
-    out: str | None = option(
-        None, "folder for the results' JSON and the figures; default: print only", metavar="DIR"
-    )
+    out: str | None = out_option(None, "the results' JSON and the figures; default: print only")
     seed: int = option(0, "every random draw: random maps and patches, the bootstrap's resampling", type=int)
 
     def check(self) -> None:
@@ -256,6 +266,15 @@ class Analysis(Images):
         return settings(
             self.name, seconds, **described, batch_size=self.batch_size, seed=self.seed, device=device
         )
+
+
+def require_vit(network: torch.nn.Module, source: str) -> ViT:
+    """`network` where it is a ViT: the commands that look inside read its attention and heads."""
+    from vit.model import ViT
+
+    if not isinstance(network, ViT):
+        raise ValueError(f"{source} holds a {type(network).__name__}, not a ViT: it has no attention")
+    return network
 
 
 def check_datamodule(datamodule: L.LightningDataModule) -> None:

@@ -29,7 +29,6 @@ from pathlib import Path
 from vit.commands.base import (
     Command,
     Source,
-    check_datamodule,
     check_out_folder,
     data_option,
     option,
@@ -117,16 +116,10 @@ def evaluate(options: EvalOptions, progress: bool = True) -> dict:
 
 def checkpoint_split(options: EvalOptions) -> Measured:
     """A checkpoint's network and a split of its data module, rebuilt with `options.data`."""
-    from vit.checkpoint import load_checkpoint
-
     data = dict(options.data)
     if options.batch_size is not None:
         data["batch_size"] = options.batch_size
-    network, datamodule = load_checkpoint(options.ckpt, data=data, datamodule_class=options.datamodule)
-    if datamodule is None:
-        raise ValueError(f"{options.ckpt} names no data module to evaluate on; vit-eval predict reads files")
-    check_datamodule(datamodule)
-    datamodule.prepare_data()  # a download, where the data module was told to make one
+    network, datamodule = options.load_with_data(data, "to evaluate on; vit-eval predict reads files")
     about = {
         "checkpoint": str(options.ckpt),
         "split": options.split,

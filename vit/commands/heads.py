@@ -50,6 +50,13 @@ class HeadsOptions(Analysis):
         choices=ATTRIBUTIONS,
     )
 
+    def check(self) -> None:
+        super().check()
+        if not self.norm_ratio > 1:
+            raise UsageError(
+                f"--norm_ratio {self.norm_ratio:g} must be above 1: the median token's ratio is 1"
+            )
+
 
 def heads(options: HeadsOptions) -> dict:
     """Analyse the heads of a checkpoint's ViT (or a `--model`'s) on test images or image files,
@@ -60,10 +67,6 @@ def heads(options: HeadsOptions) -> dict:
 
     started = time.perf_counter()
     options.check()
-    if not options.norm_ratio > 1:
-        raise UsageError(
-            f"--norm_ratio {options.norm_ratio:g} must be above 1: the median token's ratio is 1"
-        )
     inputs = options.load()
     evidence, _ = inputs.evidence()
     results = options.measure(

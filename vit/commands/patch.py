@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit.commands.base import Analysis, Command, option, torch_device, write_outputs
+from vit.commands.base import Analysis, Command, option, write_outputs
 from vit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -178,19 +178,14 @@ def patch(options: PatchOptions) -> dict:
 
 def listed_pairs(options: PatchOptions) -> Pairs:
     """The pairs of image files the --pairs CSV lists, at most `num_images`."""
-    from vit.checkpoint import load_network
-    from vit.model import ViT
     from vit.preparation import read_images
 
     listed = read_pairs(options.pairs)[: options.num_images]
-    device = torch_device(options.device)
-    network, preparation = load_network(options.ckpt, options.model, options.weights, options.datamodule)
-    if not isinstance(network, ViT):
-        raise ValueError(f"{options.ckpt} holds a {type(network).__name__}, not a ViT: it has no heads")
+    network, preparation, device = options.load_vit()
     clean = read_images([c for c, _ in listed], preparation)
     corrupted = read_images([c for _, c in listed], preparation)
     what = f"{len(clean)} pairs of image files from {options.pairs}"
-    return Pairs(network.to(device), device, clean, corrupted, what)
+    return Pairs(network, device, clean, corrupted, what)
 
 
 def corrupted_pairs(options: PatchOptions) -> Pairs:
