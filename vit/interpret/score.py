@@ -140,9 +140,6 @@ def area(curves: torch.Tensor, counts: list[int], patches: int) -> torch.Tensor:
     return torch.trapezoid(curves, fractions, dim=0)
 
 
-# ----------------------------------------------------------------------------- against evidence
-
-
 # ---------------------------------------------------------------------------------- sanity checks
 
 
