@@ -9,7 +9,7 @@ DEMO := runs/demo
 
 $(VENV)/installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,interop,tensorboard,stream]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,interop,tensorboard,stream,mlflow]"
 	touch $@
 
 # Train a ViT on two circles, evaluate its best checkpoint on the test split, draw its attention.

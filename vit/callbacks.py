@@ -2,12 +2,14 @@
 `LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
-validation. (`EvidenceMass`, which follows where the model's maps look while it learns, is
+validation; and where a run's files go (`run_folder`) and reach MLflow (`log_artifact`).
+(`AttentionMaps` and `EvidenceMass`, which follows where the model's maps look while it learns, is
 `vit.interpret.callbacks.EvidenceMass`.)"""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -19,11 +21,33 @@ from lightning.pytorch.callbacks import (
     Timer,
     WeightAveraging,
 )
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit import compat
+
+
+def run_folder(trainer: L.Trainer) -> Path:
+    """The folder of a run, where Lightning's ModelCheckpoint puts its `checkpoints/`: the CSV and
+    TensorBoard loggers' `runs/<name>/version_N`, MLflow's `<save_dir>/<experiment id>/<run id>`
+    (under `--trainer.default_root_dir` with a tracking server), that root without a logger."""
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    if isinstance(logger, CSVLogger | TensorBoardLogger):
+        return Path(logger.log_dir)
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
+
+
+def log_artifact(trainer: L.Trainer, path: Path, folder: str | None = None) -> None:
+    """`path` logged as an artifact (in `folder`) to each MLflow logger of the trainer: the files
+    of a run that its tracker shows beside the figures (config.yaml, the attention maps)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, MLFlowLogger):
+            logger.experiment.log_artifact(logger.run_id, str(path), folder)
 
 
 def training_timer(trainer: L.Trainer) -> Timer | None:

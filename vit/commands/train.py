@@ -27,10 +27,10 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar
+from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar, log_artifact, run_folder
 from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
@@ -108,6 +108,25 @@ def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | in
         )
         return "32-true"
     return precision
+
+
+class SaveConfig(SaveConfigCallback):
+    """LightningCLI's config.yaml, written into the run's own folder, where its checkpoints go
+    (`vit.callbacks.run_folder`), and logged to MLflow as an artifact. Lightning writes it into
+    `trainer.log_dir`, which for an MLflow logger is the store that every run shares (or None with a
+    tracking server: its assertion failed before training began)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            path = run_folder(trainer) / self.config_filename
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.parser.save(
+                self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
+            )
+            log_artifact(trainer, path)
+        self.already_saved = trainer.strategy.broadcast(True)
 
 
 class ViTCLI(LightningCLI):
@@ -248,6 +267,7 @@ def run(args: list[str] | None = None) -> ViTCLI:
         L.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        save_config_callback=SaveConfig,
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
         auto_configure_optimizers=False,
         parser_class=Parser,

@@ -1,16 +1,165 @@
-"""`EvidenceMass`, a training callback that follows where the model's maps look while it learns.
-Here, beside the maps it scores, rather than in `vit.callbacks`: the core of vit imports nothing
-from `vit.interpret`. Configs of earlier versions that name it `vit.callbacks.EvidenceMass` still
+"""Training callbacks that follow where the model's maps look while it learns: `AttentionMaps`
+draws them at each validation (PNGs in the run folder, images in TensorBoard, artifacts in
+MLflow), `EvidenceMass` scores them against the evidence the data knows (a curve in every
+logger). Here, beside the maps, rather than in `vit.callbacks`: the core of vit imports nothing
+from `vit.interpret`. Configs of earlier versions that name `vit.callbacks.EvidenceMass` still
 load (`vit.compat.MOVED_CLASSES`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from PIL import Image
 
-from vit.interpret.evidence import patch_evidence
+from vit.callbacks import log_artifact, run_folder
+from vit.interpret.evidence import evidence_scores, patch_evidence
+from vit.interpret.figures import training_maps
+from vit.interpret.maps import MapSpec, method_maps, predicted_classes
 from vit.interpret.score import evidence_mass
 from vit.model import ViT
+
+
+def spread_over_classes(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """`count` indices of `labels`, as many of each class as can be (one of every class before a
+    second of any), drawn at random by `seed`, in the order of their classes."""
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    shuffled = labels[order]
+    rank = torch.zeros(len(labels), dtype=torch.long)  # how many of its class come before it
+    for label in shuffled.unique():
+        of_class = shuffled == label
+        rank[of_class] = torch.arange(int(of_class.sum()))
+    first = torch.argsort(rank * len(labels) + torch.arange(len(labels)))[:count]
+    chosen = order[first]
+    return chosen[torch.argsort(labels[chosen], stable=True)]
+
+
+class AttentionMaps(Callback):
+    """At each validation of `fit`, the maps of `num_images` validation images (spread over the
+    classes, chosen once by `seed`) by each of `methods` (`vit.interpret.maps.MAP_METHODS`: cls,
+    rollout, grad-rollout, input-gradient): one picture, the images on top and a row per method,
+    written as `attention/epoch_NNN.png` in the run folder (`epoch_NNN_step_SSSSSS.png` for a
+    validation within an epoch), logged to TensorBoard as the image `attention` at the step, and
+    to MLflow as an artifact. Where the data knows its evidence (two circles' circles), each map
+    has its relevance mass on it in a corner (`EvidenceMass` logs the curve). At the end of `fit`,
+    `attention/image_K.png`: each image's maps across the run, at most `columns` validations
+    (the first, the last and evenly between). The maps of every validation so far are kept in
+    checkpoints, so that a resumed run's strips go back to its start.
+
+    Nothing runs on training steps: the maps are computed and drawn after validation, on the first
+    process only. `--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps`; on in
+    configs/two_circles.yaml."""
+
+    def __init__(
+        self,
+        num_images: int = 8,
+        methods: tuple[str, ...] = ("rollout", "grad-rollout"),
+        seed: int = 0,
+        columns: int = 12,
+    ):
+        if num_images < 1 or columns < 2:
+            raise ValueError(
+                f"AttentionMaps num_images={num_images} and columns={columns} must be at least 1, 2"
+            )
+        self.specs = [MapSpec(method) for method in methods]  # refuses a name that is not a method
+        self.num_images, self.seed, self.columns = num_images, seed, columns
+        self.history: list[dict] = []  # each validation's epoch, step and maps {method: (B, gh, gw)}
+        self._data = None  # (images, captions, evidence patches or None), taken when fit starts
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # before anything of the run is written (config.yaml is written after this)
+        if stage != "fit" or self._data is not None:
+            return
+        network, datamodule = getattr(pl_module, "model", None), trainer.datamodule
+        if not isinstance(network, ViT) or not hasattr(datamodule, "split"):
+            why = "not a ViT" if not isinstance(network, ViT) else "its data module has no split()"
+            print(f"AttentionMaps: nothing to draw ({why})")
+            return
+        for spec in self.specs:
+            spec.check(network)  # a cls map of a model without a class token: before training
+        split = datamodule.split("val")
+        labels = getattr(split, "labels", None)
+        if labels is None:  # a streamed split: the first images' labels
+            labels = torch.tensor([int(split[i][1]) for i in range(min(len(split), 16 * self.num_images))])
+        chosen = spread_over_classes(labels.cpu(), self.num_images, self.seed)
+        images = torch.stack([split[int(i)][0] for i in chosen]).cpu()
+        classes = getattr(datamodule, "classes", None)
+        captions = [str(classes[int(labels[i])]) if classes else str(int(labels[i])) for i in chosen]
+        evidence = getattr(datamodule, "evidence", lambda name: None)("val")
+        if evidence is not None:
+            evidence = patch_evidence(network, evidence[chosen.to(evidence.device)].cpu())
+        self._data = images, captions, evidence
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # at the end (not at the epoch's end, where the logged figures are the last validation's),
+        # before the checkpoint callbacks, which Lightning runs last: last.ckpt holds these maps
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._data is None:
+            return
+        if not trainer.is_global_zero:
+            return
+        images, captions, evidence = self._data
+        network = pl_module.model
+        # validation runs under inference mode; gradient rollout needs gradients
+        with torch.inference_mode(False), torch.enable_grad():
+            targets = predicted_classes(network, images)  # once for every method
+            maps = {spec.method: method_maps(network, images, spec, targets).float() for spec in self.specs}
+        epoch, step = trainer.current_epoch, trainer.global_step
+        self.history.append({"epoch": epoch, "step": step, "maps": maps})
+        title = f"epoch {epoch}, step {step}"
+        if "val/acc" in trainer.callback_metrics:
+            title += f", val/acc {float(trainer.callback_metrics['val/acc']):.3f}"
+        within = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        name = f"epoch_{epoch:03d}" + (f"_step_{step:06d}" if within else "") + ".png"
+        picture = self._draw(images, maps, captions, title, evidence, trainer, name)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_image("attention", picture, step, dataformats="HWC")
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self._data is None or not self.history or not trainer.is_global_zero:
+            return
+        images, captions, evidence = self._data
+        shown = np.unique(np.linspace(0, len(self.history) - 1, self.columns).round().astype(int))
+        moments = [self.history[i] for i in shown]
+        by_epoch = len({m["epoch"] for m in self.history}) == len(self.history)
+        columns = [f"epoch {m['epoch']}" if by_epoch else f"step {m['step']}" for m in moments]
+        for k, image in enumerate(images):
+            maps = {
+                spec.method: torch.stack([m["maps"][spec.method][k] for m in moments]) for spec in self.specs
+            }
+            title = f"validation image {k} ({captions[k]}) as the model trained"
+            repeated = image.expand(len(moments), *image.shape)
+            known = None if evidence is None else evidence[k].expand(len(moments), -1)
+            self._draw(repeated, maps, columns, title, known, trainer, f"image_{k}.png")
+
+    @staticmethod
+    def _draw(images, maps, columns, title, evidence, trainer, name: str) -> np.ndarray:
+        """The picture of `training_maps` (with each map's relevance mass on the evidence, where
+        the data knows it), written as attention/NAME in the run folder and logged to MLflow."""
+        notes = None
+        if evidence is not None:
+            masses = {m: evidence_scores(v.flatten(1), evidence)["relevance_mass"] for m, v in maps.items()}
+            notes = {m: [f"{x:.2f}" for x in mass.tolist()] for m, mass in masses.items()}
+        picture = training_maps(images, maps, columns, title, notes)
+        path = run_folder(trainer) / "attention" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(picture).save(path, compress_level=1)  # PNG is lossless at any level
+        log_artifact(trainer, path, "attention")
+        return picture
+
+    @property
+    def state_key(self) -> str:
+        # unique among several of them in one trainer (other methods, other images), as Lightning
+        # requires of callbacks with a state
+        methods = [spec.method for spec in self.specs]
+        return self._generate_state_key(num_images=self.num_images, methods=methods, seed=self.seed)
+
+    def state_dict(self) -> dict:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = list(state_dict.get("history", []))
 
 
 class EvidenceMass(Callback):

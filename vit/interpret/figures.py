@@ -64,10 +64,13 @@ def overlay_rgb(
     "nearest" keeps the patches visible, "bilinear" smooths), coloured with `cmap` and laid over
     the image with opacity `alpha`.
     """
-    maps = _normalize(maps.detach().float().cpu().numpy())
-    upsampled = _upsample(maps, tuple(image.shape[-2:]), mode).clip(0, 1)
-    colours = matplotlib.colormaps[cmap](upsampled)[..., :3]
-    return (1 - alpha) * _to_rgb(image) + alpha * colours
+    return (1 - alpha) * _to_rgb(image) + alpha * _coloured(maps, tuple(image.shape[-2:]), cmap, mode)
+
+
+def _coloured(maps: torch.Tensor, size: tuple[int, int], cmap: str, mode: str) -> np.ndarray:
+    """Maps (..., grid_h, grid_w), each scaled to [0, 1], upsampled to `size` and coloured: (..., H, W, 3)."""
+    upsampled = _upsample(_normalize(maps.detach().float().cpu().numpy()), size, mode).clip(0, 1)
+    return matplotlib.colormaps[cmap](upsampled)[..., :3]
 
 
 def overlay(
@@ -479,3 +482,49 @@ def patching_tokens_figure(image: torch.Tensor, results: dict) -> Figure:
     titles = [f"after block {layer}" for layer in range(len(means))]
     title = "activation patching: patch tokens (each layer scaled to its own range)"
     return batch_figure(image.expand(len(means), *image.shape), maps, titles, title, columns=6)
+
+
+# ---- the maps while a model trains (vit.interpret.callbacks.AttentionMaps)
+
+
+def training_maps(
+    images: torch.Tensor,
+    maps: dict[str, torch.Tensor],
+    columns: list[str],
+    title: str,
+    notes: dict[str, list[str]] | None = None,
+    tile: int = 96,
+) -> np.ndarray:
+    """Maps while a model trains, as an RGB picture (H, W, 3) uint8: a row of `images` (B, C, H, W)
+    (a validation's images, or one image at several moments) with a `columns` caption above each,
+    then a row per method of `maps` ({method: (B, grid_h, grid_w)}), `title` on top; `notes`
+    ({method: a short text per image}) go in a corner of the method's tiles. Small images are
+    blown up to tiles of at least `tile` pixels. Composed with numpy and Pillow, not matplotlib:
+    it is drawn at every validation, where a matplotlib figure costs ten times as much."""
+    from PIL import Image, ImageDraw
+
+    plain = np.stack([_to_rgb(x) for x in images])  # (B, H, W, 3)
+    # every map coloured at once (one call of the colormap), then laid over its image as overlay_rgb does
+    coloured = _coloured(torch.stack(list(maps.values())), tuple(images.shape[-2:]), "inferno", "nearest")
+    rows = np.concatenate((plain[None], 0.4 * plain + 0.6 * coloured))  # (1 + methods, B, H, W, 3)
+    scale = max(1, math.ceil(tile / images.shape[-1]))
+    tiles = repeat(rows, "r c h w rgb -> r c (h s1) (w s2) rgb", s1=scale, s2=scale)
+    height, width = tiles.shape[2:4]
+    left, top, line = 96, 30, 12  # pixels: the row names' column, the title and captions, a text line
+    grid = (mosaic(tiles) * 255).round().astype(np.uint8)
+    title_width = round(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(title)) + 8
+    canvas = Image.new("RGB", (max(left + grid.shape[1], title_width), top + grid.shape[0]), "white")
+    canvas.paste(Image.fromarray(grid), (left, top))
+    draw = ImageDraw.Draw(canvas)
+    draw.text((4, 2), title, fill="black")
+    step_y, step_x = height + PAD, width + PAD
+    for c, caption in enumerate(columns):
+        draw.text((left + step_x * c + 2, top - line - 2), caption[: width // 6], fill="black")
+    for r, name in enumerate(["image", *maps]):
+        draw.text((4, top + step_y * r + height // 2 - line // 2), name, fill="black")
+    for r, method in enumerate(maps, start=1):
+        for c, note in enumerate((notes or {}).get(method, [])):
+            corner = (left + step_x * c + 2, top + step_y * r + height - line - 2)
+            draw.rectangle(draw.textbbox(corner, note), fill="black")
+            draw.text(corner, note, fill="white")
+    return np.asarray(canvas)

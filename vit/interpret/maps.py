@@ -465,6 +465,12 @@ class MapSpec:
         return self
 
 
+def predicted_classes(model: ViT, images: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """The class the model predicts for each of `images` (B,), in eval mode (no dropout)."""
+    with explicit_attention(model, []):  # eval mode, put back afterwards
+        return model_outputs(model, images, batch_size).argmax(-1)
+
+
 def method_maps(
     model: ViT, images: torch.Tensor, spec: MapSpec, targets: torch.Tensor | None = None, batch_size: int = 64
 ) -> torch.Tensor:
@@ -476,8 +482,7 @@ def method_maps(
         if spec.target is not None:
             targets = torch.full((len(images),), spec.target)
         else:
-            with explicit_attention(model, []):  # eval mode (no dropout), put back afterwards
-                targets = model_outputs(model, images, batch_size).argmax(-1)
+            targets = predicted_classes(model, images, batch_size)
     return MAP_METHODS[spec.method].maps(model, images, spec, targets, batch_size)
 
 
