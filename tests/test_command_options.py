@@ -10,7 +10,7 @@ from vit.commands.base import Command, Images, read_options
 
 COMMANDS = [attention.COMMAND, eval.COMMAND, export.COMMAND, chunks.COMMAND]
 COMMANDS += [sub for command in list(COMMANDS) for sub in command.subcommands.values()]
-REQUIRED = {"ckpt": "x.ckpt", "out": "folder", "root": "images", "images": ["a.png"]}
+REQUIRED = {"ckpt": "x.ckpt", "out": "folder", "root": "images", "images": ["a.png"], "runs": ["runs/a"]}
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.prog for c in COMMANDS])
@@ -21,9 +21,9 @@ def test_the_command_line_and_python_read_one_declaration(command: Command):
         assert actions[spec.name].help == spec.metadata["help"], spec.name
     required = {a.dest for a in parser._actions if a.required}
     given = {name: REQUIRED[name] for name in required}
-    args = [*given.get("images", [])]
+    args = [word for value in given.values() if isinstance(value, list) for word in value]  # positional
     for name, value in given.items():
-        if name != "images":
+        if not isinstance(value, list):
             args += [f"--{name}", value]
     parsed = read_options(command.options, vars(parser.parse_args(args)))
     assert parsed == command.options(**given)  # no option given: the dataclass's own defaults
@@ -43,7 +43,7 @@ def test_an_option_is_read_as_declared():
 
 def test_the_subcommands_are_named_in_one_place():
     assert set(attention.COMMAND.subcommands) == {"score", "heads", "patch"}
-    assert set(eval.COMMAND.subcommands) == {"predict"}
+    assert set(eval.COMMAND.subcommands) == {"predict", "curves"}
     for sub in attention.COMMAND.subcommands.values():
         assert issubclass(sub.options, Images) and sub.prog.startswith("vit-attention ")
 

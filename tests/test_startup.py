@@ -38,8 +38,8 @@ def test_the_commands_answer_help_without_torch_or_lightning():
     code = """
 import contextlib, io
 from vit.commands import attention, chunks, eval, export
-for main, args in ((eval.main, []), (eval.main, ["predict"]), (attention.main, []), (export.main, []),
-                   (chunks.main, [])):
+for main, args in ((eval.main, []), (eval.main, ["predict"]), (eval.main, ["curves"]), (attention.main, []),
+                   (export.main, []), (chunks.main, [])):
     with contextlib.redirect_stdout(io.StringIO()) as help, contextlib.suppress(SystemExit):
         main([*args, "--help"])
     assert "usage:" in help.getvalue(), help.getvalue()

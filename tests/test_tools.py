@@ -16,27 +16,6 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
-def test_accuracy_vs_minutes_draws_each_run(tmp_path, capsys):
-    from tools.accuracy_vs_minutes import main
-
-    header = "epoch,step,time/minutes,train/lr,val/acc\n"
-    (tmp_path / "a.csv").write_text(header + "0,9,,0.001,\n0,10,1.5,,0.40\n1,20,3.0,,0.55\n")
-    (tmp_path / "b.csv").write_text(header + "0,10,2.0,,0.30\n1,20,4.0,,0.35\n2,30,6.0,,0.33\n")
-    main([f"budget={tmp_path / 'a.csv'}", f"fixed={tmp_path / 'b.csv'}", "--out", str(tmp_path / "m.png")])
-    out = capsys.readouterr().out
-    assert "budget: last val/acc 0.5500 at 3.0 min, best 0.5500 at 3.0 min" in out
-    assert "fixed: last val/acc 0.3300 at 6.0 min, best 0.3500 at 4.0 min" in out
-    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
-    # PATH*FACTOR: minutes drawn times the factor (a faster machine's run in another's minutes)
-    main([f"scaled={tmp_path / 'a.csv'}*1.5", "--out", str(tmp_path / "s.png")])
-    assert "scaled: last val/acc 0.5500 at 4.5 min, best 0.5500 at 4.5 min" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="must be a number"):
-        main([f"bad={tmp_path / 'a.csv'}*x", "--out", str(tmp_path / "s.png")])
-    with pytest.raises(SystemExit, match="no rows with both"):
-        (tmp_path / "c.csv").write_text(header)
-        main([f"c={tmp_path / 'c.csv'}", "--out", str(tmp_path / "c.png")])
-
-
 @pytest.mark.slow
 def test_demo_seeds_reports_each_seed_and_goes_on_where_it_stopped(tmp_path):
     tiny = [

@@ -17,7 +17,6 @@ to runs/demo_seeds/NAME, NAME being OUT's last part.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -29,12 +28,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: `lab` and `vit` import from th
 
 from lab.machine import cpu_name  # noqa: E402
 from vit.commands.train import run  # noqa: E402
-
-
-def epoch_accuracies(metrics_csv: Path) -> list[float]:
-    """val/acc after each epoch, from a CSVLogger's metrics.csv."""
-    with open(metrics_csv, newline="") as f:
-        return [float(row["val/acc"]) for row in csv.DictReader(f) if row.get("val/acc")]
+from vit.curves import read_run  # noqa: E402
 
 
 def train_and_test(config: str, seed: int, runs: Path, options: list[str]) -> dict:
@@ -53,7 +47,7 @@ def train_and_test(config: str, seed: int, runs: Path, options: list[str]) -> di
     (result,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)
     return dict(
         seed=seed,
-        val_acc=epoch_accuracies(Path(cli.trainer.logger.log_dir) / "metrics.csv"),
+        val_acc=read_run(Path(cli.trainer.logger.log_dir)).series("val/acc")[1].tolist(),  # after each epoch
         test_acc=result["test/acc"],
         fit_seconds=round(seconds, 1),
     )

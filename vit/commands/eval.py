@@ -1,4 +1,5 @@
-"""`vit-eval`: measure a checkpoint on its test (or validation) set, or classify image files.
+"""`vit-eval`: measure a checkpoint on its test (or validation) set, classify image files, or
+compare training runs.
 
     vit-eval --ckpt runs/demo/train/checkpoints/best.ckpt              # print the table
     vit-eval --ckpt best.ckpt --out eval                               # and write metrics, plots
@@ -8,6 +9,7 @@
     vit-eval predict --ckpt best.ckpt cat.jpg dog.png --top_k 3        # top classes as JSON
     vit-eval --model timm:deit_tiny_patch16_224 --weights deit.safetensors --data root=imagenet/val
     vit-eval predict --model hf:google/vit-base-patch16-224 cat.jpg    # models of other libraries
+    vit-eval curves runs/two_circles                                   # compare training runs
 
 The figures and their table come from `vit.metrics`; this command loads, calls, prints and
 saves. Checkpoints are read without unpickling code (`vit.checkpoint`). Measuring rebuilds the
@@ -15,6 +17,7 @@ model and its data module from the checkpoint; `predict` needs only the checkpoi
 says how image files become model input, and no data module is built. Everything is computed
 before the first file is written; bad input stops the command with one line `error: ...` and exit
 status 2 (a bad option or value) or 1 (a missing or unreadable file), and writes nothing.
+`curves`, which reads training runs rather than a checkpoint, is its own module (`vit.commands.curves`).
 
 torch, Lightning and matplotlib are imported inside the functions that use them, not at the top:
 importing them takes seconds, and `vit-eval --help` needs none of them.
@@ -26,6 +29,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vit.commands import curves
 from vit.commands.base import (
     Command,
     Source,
@@ -244,10 +248,13 @@ COMMAND = Command(
         "folder: --model) on a folder of class folders named by its classes or ImageNet "
         "synsets (--data root=FOLDER)."
     ),
-    epilog="To classify image files: vit-eval predict --help",
+    epilog=(
+        "To classify image files: vit-eval predict --help. To compare training runs' loss and "
+        "accuracy: vit-eval curves --help"
+    ),
     options=EvalOptions,
     function=evaluate,
-    subcommands={"predict": PREDICT},
+    subcommands={"predict": PREDICT, "curves": curves.COMMAND},
 )
 main = COMMAND.main
 
