@@ -1,19 +1,22 @@
 """What the training callbacks that look at the maps cost a run: `AttentionMaps` (the pictures) and
 `EvidenceMass` (the curve), against the validations they run after.
 
-    python benchmarks/attention_maps_cost.py            # the demo config, as make demo trains it
-    python benchmarks/attention_maps_cost.py --smoke    # a tiny run, to check the script
+    python benchmarks/attention_maps_cost.py                # the demo config, as make demo trains it
+    python benchmarks/attention_maps_cost.py --tensorboard  # with TensorBoard's logger
+    python benchmarks/attention_maps_cost.py --smoke        # a tiny run, to check the script
 
 Trains `--config` (configs/two_circles.yaml, which turns both callbacks on) once in this process,
 with each callback's hook timed, and prints, for every validation: its seconds without the two
 callbacks, and each callback's seconds and share of that. Neither callback runs on training
 steps (they have no training-step hooks; tests/interpret/test_training_maps.py checks), so a
-validation is all they can slow. Also the strips `AttentionMaps` draws once, when fit ends.
+validation is all they can slow. Also the strips `AttentionMaps` draws once, when fit ends, and
+the parts of one drawing, each timed alone on the trained model (the median of 20).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
 import tempfile
@@ -28,11 +31,14 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lab.machine import cpu_name  # noqa: E402
 from vit.commands.train import run  # noqa: E402
 from vit.interpret.callbacks import AttentionMaps, EvidenceMass  # noqa: E402
+from vit.interpret.figures import training_maps  # noqa: E402
+from vit.interpret.maps import method_maps, predicted_classes  # noqa: E402
 
 TIMED = {  # the hook each callback works in
     "AttentionMaps": (AttentionMaps, "on_validation_end"),
     "EvidenceMass": (EvidenceMass, "on_validation_epoch_end"),
 }
+TENSORBOARD = ["--trainer.logger", "TensorBoardLogger"]
 SMOKE = ["--trainer.max_epochs", "2", "--data.init_args.num_train", "256", "--data.init_args.num_val", "64"]
 
 
@@ -83,7 +89,44 @@ def measure(config: str, options: list[str]) -> dict:
     missing = [name for name in TIMED if name not in callbacks]
     if missing:
         raise SystemExit(f"error: {config} does not turn on {', '.join(missing)}")
-    return {"validations": callbacks["Validations"].seconds, "callbacks": seconds, "strips": strip}
+    parts = drawing_parts(callbacks["AttentionMaps"], cli.model.model)
+    return {
+        "validations": callbacks["Validations"].seconds,
+        "callbacks": seconds,
+        "strips": strip,
+        "parts": parts,
+    }
+
+
+def median_seconds(function, repeats: int = 20) -> float:
+    function()  # warm
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def drawing_parts(callback: AttentionMaps, network) -> dict[str, float]:
+    """Seconds of each part of one drawing of `callback` on `network`, as `_record` runs them."""
+    import torch
+    from PIL import Image
+
+    images, captions, _ = callback._data
+    targets = predicted_classes(network, images)
+    parts = {"predicted classes": median_seconds(lambda: predicted_classes(network, images))}
+    maps = {}
+    for spec in callback.specs:
+        with torch.enable_grad():
+            parts[f"{spec.method} maps"] = median_seconds(
+                lambda s=spec: method_maps(network, images, s, targets)
+            )
+            maps[spec.method] = method_maps(network, images, spec, targets)
+    parts["the picture"] = median_seconds(lambda: training_maps(images, maps, captions, "title"))
+    picture = Image.fromarray(training_maps(images, maps, captions, "title"))
+    parts["its PNG"] = median_seconds(lambda: picture.save(io.BytesIO(), format="PNG", compress_level=1))
+    return parts
 
 
 def report(results: dict) -> None:
@@ -99,14 +142,19 @@ def report(results: dict) -> None:
         ratio = statistics.median(x / a for x, a in zip(s, alone, strict=True))
         print(f"{name}: median {statistics.median(s) * 1000:.1f} ms a validation, {ratio:.1%} of it")
     print(f"AttentionMaps' strips at the end of fit: {results['strips'][0]:.2f} s")
+    print("one drawing, part by part (each alone, the median of 20):")
+    for part, seconds in results["parts"].items():
+        print(f"  {part}: {seconds * 1000:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "two_circles.yaml"))
     parser.add_argument("--smoke", action="store_true", help="a tiny run: 2 epochs of 256 images")
+    parser.add_argument("--tensorboard", action="store_true", help="log to TensorBoard, not CSV")
     args = parser.parse_args(argv)
-    results = measure(args.config, SMOKE if args.smoke else [])
+    options = (SMOKE if args.smoke else []) + (TENSORBOARD if args.tensorboard else [])
+    results = measure(args.config, options)
     report(results)
     return results
 

@@ -131,3 +131,20 @@ def test_streaming_speed_benchmark_smoke(capsys):
     out = capsys.readouterr().out
     assert "16 px, 12 JPEGs, batches of 4: images/s out of the training loader" in out
     assert "streaming (StreamingImages, 2 workers)" in out and "machine: " in out
+
+
+@pytest.mark.slow
+def test_attention_maps_cost_benchmark_smoke(capsys):
+    from benchmarks.attention_maps_cost import main
+
+    results = main(["--smoke", "--tensorboard"])
+    assert len(results["validations"]) == 2
+    assert all(len(s) == 2 and min(s) > 0 for s in results["callbacks"].values())
+    assert set(results["parts"]) == {
+        "predicted classes",
+        "rollout maps",
+        "grad-rollout maps",
+        "the picture",
+        "its PNG",
+    }
+    assert "AttentionMaps: median" in capsys.readouterr().out

@@ -72,6 +72,18 @@ def test_a_metrics_csv_is_read_as_its_series_with_epochs_and_minutes(tmp_path):
     assert run.config is None
 
 
+def test_a_test_after_training_is_not_a_point_of_training(tmp_path):
+    """`vit-train test` and tools/demo_seeds.py test into the run's metrics.csv: a row one epoch and
+    one step past training's last, with test/ figures only, which would add an epoch under way."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rows = "".join(f"{row},\n" for row in ROWS.splitlines()) + "3,30,,,,,,0.66\n"
+    (folder / "metrics.csv").write_text(HEADER.replace("\n", ",test/acc\n") + rows)
+    run = read_run(folder)
+    assert run.summary()["steps"] == 30 and run.summary()["epochs"] == 3.0
+    assert "test/acc" not in run.metrics
+
+
 def test_a_run_still_being_written_is_read_as_far_as_it_is_complete(tmp_path):
     # epoch 3 under way: one whole row, a row with fewer fields, and a last line cut in its last
     # number (0.9123 being written), without its line end

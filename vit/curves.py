@@ -168,7 +168,8 @@ def read_run(path: Path, label: str | None = None, minutes_factor: float = 1.0) 
 
 def read_csv(path: Path) -> dict[str, Series]:
     """The series of a CSVLogger's metrics.csv, as far as it is written: a last line without its
-    line end and a row with fewer fields than the header (a run still writing) are left out."""
+    line end and a row with fewer fields than the header (a run still writing) are left out, and
+    so are rows of a test after training (only test/ figures), whose epoch is one past the last."""
     text = path.read_text()
     text = text[: text.rfind("\n") + 1]  # whole lines only
     rows = list(csv.reader(io.StringIO(text)))
@@ -183,6 +184,9 @@ def read_csv(path: Path) -> dict[str, Series]:
         if len(row) != len(header) or not cells["step"]:
             continue
         step = int(number(cells.pop("step"), path, line))
+        logged = {name for name, cell in cells.items() if cell and name != "epoch"}
+        if logged and all(name.startswith("test/") for name in logged):
+            continue  # a test after fit (vit-train test, trainer.test): not a point of training
         for name, cell in cells.items():
             if cell:
                 points.setdefault(name, []).append((step, number(cell, path, line)))

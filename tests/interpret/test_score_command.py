@@ -242,7 +242,8 @@ def test_training_logs_the_evidence_mass_after_each_validation(runs):
     cli.main(["fit", *tiny_args(runs, "--trainer.max_epochs", "2")])
     with open(runs / "tiny" / "version_0" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/evidence_mass_rollout")]
-    assert len(rows) == 2
+    assert len(rows) == 3  # before training, at step 0, then after each epoch
+    assert [r["step"] for r in rows][0] == "0" and not rows[0]["val/acc"] and rows[1]["val/acc"]
     for row in rows:
         for key in ("val/evidence_mass_rollout", "val/evidence_mass_grad_rollout", "val/evidence_share"):
             assert 0.0 < float(row[key]) < 1.0

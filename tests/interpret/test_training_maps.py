@@ -22,7 +22,7 @@ from vit.commands import train as cli
 from vit.errors import UsageError
 from vit.interpret.callbacks import AttentionMaps, EvidenceMass, spread_over_classes
 from vit.interpret.figures import training_maps
-from vit.interpret.maps import MapSpec, method_maps
+from vit.interpret.maps import method_maps
 
 
 def test_the_images_spread_over_the_classes_one_of_each_before_a_second():
@@ -67,9 +67,10 @@ def test_each_validation_draws_the_maps_of_the_model_it_validates(tmp_path):
     trainer, model, data = tiny_fit(tmp_path, [maps])
     folder = run_folder(trainer) / "attention"
     assert folder == tmp_path / "run" / "version_0" / "attention"
-    names = ["epoch_000.png", "epoch_001.png", *(f"image_{k}.png" for k in range(4))]
+    names = ["epoch_000_step_000000.png", "epoch_000.png", "epoch_001.png"]  # before training, epochs
+    names += [f"image_{k}.png" for k in range(4)]
     assert sorted(p.name for p in folder.iterdir()) == sorted(names)
-    assert [(h["epoch"], h["step"]) for h in maps.history] == [(0, 4), (1, 8)]
+    assert [(h["epoch"], h["step"], h["ended"]) for h in maps.history] == [(0, 0, 0), (0, 4, 1), (1, 8, 1)]
     images, captions, evidence = maps._data
     chosen = spread_over_classes(data.split("val").labels, 4, seed=0)
     assert torch.equal(images, data.split("val")[chosen][0])
@@ -96,8 +97,8 @@ def test_the_maps_of_every_validation_survive_a_resume(tmp_path):
         last = next((run_folder(trainer) / "checkpoints").glob("*.ckpt"))
     resumed = AttentionMaps(num_images=2, methods=("rollout",))
     tiny_fit(tmp_path, [resumed], epochs=2, ckpt_path=last)
-    assert [h["epoch"] for h in resumed.history] == [0, 1]
-    torch.testing.assert_close(resumed.history[0]["maps"]["rollout"], first.history[0]["maps"]["rollout"])
+    assert [h["step"] for h in resumed.history] == [0, 4, 8]  # no new start: the run goes on
+    torch.testing.assert_close(resumed.history[1]["maps"]["rollout"], first.history[1]["maps"]["rollout"])
 
 
 def test_the_picture_puts_each_note_in_its_tile():
@@ -133,7 +134,10 @@ def test_bad_choices_are_refused_before_training(tmp_path, capsys):
             steps.append(1)
 
     model = ViTClassifier(
-        num_classes=4, image_size=32, in_channels=1, vit=ViTConfig(preset="micro", patch_size=8, pool="mean", class_token=False)
+        num_classes=4,
+        image_size=32,
+        in_channels=1,
+        vit=ViTConfig(preset="micro", patch_size=8, pool="mean", class_token=False),
     )
     with pytest.raises(UsageError, match="no class token"):
         tiny_fit(tmp_path, [AttentionMaps(methods=("cls",)), Steps()], model=model)
@@ -158,14 +162,15 @@ def test_tensorboard_gets_the_pictures_at_their_steps_and_the_evidence_curve(tmp
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
     events.Reload()
     pictures = events.Images("attention")
-    assert [p.step for p in pictures] == [h["step"] for h in maps.history] == [4, 8]
-    written = Image.open(run_folder(trainer) / "attention" / "epoch_001.png")
-    import io
-
-    logged = Image.open(io.BytesIO(pictures[-1].encoded_image_string))
-    assert np.array_equal(np.asarray(logged), np.asarray(written))
+    assert [p.step for p in pictures] == [h["step"] for h in maps.history] == [0, 4, 8]
+    # the PNG written, as it is
+    assert (
+        pictures[-1].encoded_image_string
+        == (run_folder(trainer) / "attention" / "epoch_001.png").read_bytes()
+    )
+    assert (pictures[-1].width, pictures[-1].height) == (96 + 2 * 98, 30 + 2 * 98)
     masses = events.Scalars("val/evidence_mass_rollout")
-    assert [m.step for m in masses] == [3, 7]  # Lightning logs a validation at its last step's row
+    assert [m.step for m in masses] == [0, 3, 7]  # before training, then at each validation's last step
     assert all(0 < m.value < 1 for m in masses)
 
 

@@ -7,6 +7,8 @@ load (`vit.compat.MOVED_CLASSES`)."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -19,6 +21,24 @@ from vit.interpret.figures import training_maps
 from vit.interpret.maps import MapSpec, method_maps, predicted_classes
 from vit.interpret.score import evidence_mass
 from vit.model import ViT
+
+
+def tensorboard_image(writer, tag: str, png: bytes, step: int) -> None:
+    """A PNG as TensorBoard's image `tag` at `step`, written as it is: `add_image` would encode the
+    picture again, which costs as much as drawing it."""
+    from PIL import Image
+
+    try:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # Lightning's logger writes with tensorboardX: its own way
+        SummaryWriter = None
+    if SummaryWriter is None or not isinstance(writer, SummaryWriter):
+        writer.add_image(tag, np.asarray(Image.open(io.BytesIO(png))), step, dataformats="HWC")
+        return
+    width, height = Image.open(io.BytesIO(png)).size
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 def spread_over_classes(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor:
@@ -36,19 +56,20 @@ def spread_over_classes(labels: torch.Tensor, count: int, seed: int) -> torch.Te
 
 
 class AttentionMaps(Callback):
-    """At each validation of `fit`, the maps of `num_images` validation images (spread over the
-    classes, chosen once by `seed`) by each of `methods` (`vit.interpret.maps.MAP_METHODS`: cls,
-    rollout, grad-rollout, input-gradient): one picture, the images on top and a row per method,
-    written as `attention/epoch_NNN.png` in the run folder (`epoch_NNN_step_SSSSSS.png` for a
-    validation within an epoch), logged to TensorBoard as the image `attention` at the step, and
-    to MLflow as an artifact. Where the data knows its evidence (two circles' circles), each map
-    has its relevance mass on it in a corner (`EvidenceMass` logs the curve). At the end of `fit`,
-    `attention/image_K.png`: each image's maps across the run, at most `columns` validations
-    (the first, the last and evenly between). The maps of every validation so far are kept in
-    checkpoints, so that a resumed run's strips go back to its start.
+    """Before the first training step and after each validation of `fit`, the maps of
+    `num_images` validation images (spread over the classes, chosen once by `seed`) by each of
+    `methods` (`vit.interpret.maps.MAP_METHODS`: cls, rollout, grad-rollout, input-gradient): one
+    picture, the images on top and a row per method, written into the run folder as
+    `attention/epoch_NNN.png` (`epoch_NNN_step_SSSSSS.png` before training and for a validation
+    within an epoch), logged to TensorBoard as the image `attention` at the step, and to MLflow as
+    an artifact. Where the data knows its evidence (two circles' circles), each map has its
+    relevance mass on it in a corner (`EvidenceMass` logs the curve). At the end of `fit`,
+    `attention/image_K.png`: each image's maps across the run, at most `columns` of them (the
+    first, the last and evenly between). The maps drawn so far are kept in checkpoints, so that a
+    resumed run's strips go back to its start.
 
-    Nothing runs on training steps: the maps are computed and drawn after validation, on the first
-    process only. `--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps`; on in
+    Nothing runs on training steps: the maps are computed and drawn after validations, on the
+    first process only. `--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps`; on in
     configs/two_circles.yaml."""
 
     def __init__(
@@ -64,7 +85,7 @@ class AttentionMaps(Callback):
             )
         self.specs = [MapSpec(method) for method in methods]  # refuses a name that is not a method
         self.num_images, self.seed, self.columns = num_images, seed, columns
-        self.history: list[dict] = []  # each validation's epoch, step and maps {method: (B, gh, gw)}
+        self.history: list[dict] = []  # each drawing's epoch, step, whether it ended an epoch, maps
         self._data = None  # (images, captions, evidence patches or None), taken when fit starts
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -91,12 +112,20 @@ class AttentionMaps(Callback):
             evidence = patch_evidence(network, evidence[chosen.to(evidence.device)].cpu())
         self._data = images, captions, evidence
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        # the maps before the first step: what training changes (not when a run resumes)
+        if trainer.global_step == 0:
+            self._record(trainer, pl_module, val_acc=False)
+
     def on_validation_end(self, trainer, pl_module) -> None:
         # at the end (not at the epoch's end, where the logged figures are the last validation's),
         # before the checkpoint callbacks, which Lightning runs last: last.ckpt holds these maps
-        if trainer.sanity_checking or trainer.state.fn != "fit" or self._data is None:
-            return
-        if not trainer.is_global_zero:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._record(trainer, pl_module, val_acc=True)
+
+    def _record(self, trainer, pl_module, val_acc: bool) -> None:
+        """The maps now: kept, drawn, written and logged."""
+        if self._data is None or not trainer.is_global_zero:
             return
         images, captions, evidence = self._data
         network = pl_module.model
@@ -105,16 +134,17 @@ class AttentionMaps(Callback):
             targets = predicted_classes(network, images)  # once for every method
             maps = {spec.method: method_maps(network, images, spec, targets).float() for spec in self.specs}
         epoch, step = trainer.current_epoch, trainer.global_step
-        self.history.append({"epoch": epoch, "step": step, "maps": maps})
+        # at an epoch's end, the epoch names it; before training or within an epoch, the step too
+        ended = val_acc and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        self.history.append({"epoch": epoch, "step": step, "ended": ended, "maps": maps})
         title = f"epoch {epoch}, step {step}"
-        if "val/acc" in trainer.callback_metrics:
+        if val_acc and "val/acc" in trainer.callback_metrics:
             title += f", val/acc {float(trainer.callback_metrics['val/acc']):.3f}"
-        within = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        name = f"epoch_{epoch:03d}" + (f"_step_{step:06d}" if within else "") + ".png"
-        picture = self._draw(images, maps, captions, title, evidence, trainer, name)
+        name = f"epoch_{epoch:03d}" + ("" if ended else f"_step_{step:06d}") + ".png"
+        png = self._draw(images, maps, captions, title, evidence, trainer, name)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image("attention", picture, step, dataformats="HWC")
+                tensorboard_image(logger.experiment, "attention", png, step)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self._data is None or not self.history or not trainer.is_global_zero:
@@ -122,8 +152,7 @@ class AttentionMaps(Callback):
         images, captions, evidence = self._data
         shown = np.unique(np.linspace(0, len(self.history) - 1, self.columns).round().astype(int))
         moments = [self.history[i] for i in shown]
-        by_epoch = len({m["epoch"] for m in self.history}) == len(self.history)
-        columns = [f"epoch {m['epoch']}" if by_epoch else f"step {m['step']}" for m in moments]
+        columns = [f"epoch {m['epoch']}" if m.get("ended", True) else f"step {m['step']}" for m in moments]
         for k, image in enumerate(images):
             maps = {
                 spec.method: torch.stack([m["maps"][spec.method][k] for m in moments]) for spec in self.specs
@@ -134,9 +163,9 @@ class AttentionMaps(Callback):
             self._draw(repeated, maps, columns, title, known, trainer, f"image_{k}.png")
 
     @staticmethod
-    def _draw(images, maps, columns, title, evidence, trainer, name: str) -> np.ndarray:
+    def _draw(images, maps, columns, title, evidence, trainer, name: str) -> bytes:
         """The picture of `training_maps` (with each map's relevance mass on the evidence, where
-        the data knows it), written as attention/NAME in the run folder and logged to MLflow."""
+        the data knows it), written as attention/NAME in the run folder and logged to MLflow; its PNG."""
         notes = None
         if evidence is not None:
             masses = {m: evidence_scores(v.flatten(1), evidence)["relevance_mass"] for m, v in maps.items()}
@@ -144,9 +173,11 @@ class AttentionMaps(Callback):
         picture = training_maps(images, maps, columns, title, notes)
         path = run_folder(trainer) / "attention" / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(picture).save(path, compress_level=1)  # PNG is lossless at any level
+        png = io.BytesIO()
+        Image.fromarray(picture).save(png, format="PNG", compress_level=1)  # lossless at any level
+        path.write_bytes(png.getvalue())
         log_artifact(trainer, path, "attention")
-        return picture
+        return png.getvalue()
 
     @property
     def state_key(self) -> str:
@@ -163,20 +194,21 @@ class AttentionMaps(Callback):
 
 
 class EvidenceMass(Callback):
-    """After each validation of `fit`, the relevance mass (`vit.interpret.evidence.evidence_scores`) of
-    attention rollout and gradient rollout on the first `num_images` validation images: the
-    share of each map on the patches that carry the label, logged as
-    `val/evidence_mass_rollout` and `val/evidence_mass_grad_rollout` (metrics.csv), beside
-    `val/evidence_share` (what a map that knows nothing scores). Does the model look at the
-    evidence before, while or after it learns the task? Data without evidence (its data module's
-    `evidence` gives None): one line, nothing logged. On in configs/two_circles.yaml; elsewhere
+    """Before the first training step and after each validation of `fit`, the relevance mass
+    (`vit.interpret.evidence.evidence_scores`) of attention rollout and gradient rollout on the
+    first `num_images` validation images: the share of each map on the patches that carry the
+    label, logged as `val/evidence_mass_rollout` and `val/evidence_mass_grad_rollout` (metrics.csv,
+    and any other logger), beside `val/evidence_share` (what a map that knows nothing scores); the
+    figures before training are at step 0. Does the model look at the evidence before, while or
+    after it learns the task? Data without evidence (its data module's `evidence` gives None): one
+    line, nothing logged. On in configs/two_circles.yaml; elsewhere
     `--trainer.callbacks+=vit.interpret.callbacks.EvidenceMass`."""
 
     def __init__(self, num_images: int = 64, methods: tuple[str, ...] = ("rollout", "grad-rollout")):
         if num_images < 1:
             raise ValueError(f"EvidenceMass num_images={num_images} must be at least 1")
         self.num_images, self.methods = num_images, methods
-        self._data = None  # (images, evidence patches), taken at the first validation
+        self._data = None  # (images, evidence patches), taken when first measured
         self._off = False
 
     def _take_data(self, trainer, pl_module) -> None:
@@ -190,17 +222,30 @@ class EvidenceMass(Callback):
         images = datamodule.split("val")[: self.num_images][0]
         self._data = images, patch_evidence(network, evidence[: len(images)])
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit" or self._off:
-            return
-        if self._data is None:
+    def _measure(self, trainer, pl_module) -> dict[str, float] | None:
+        """The figures now, by the names they are logged under; None where there are none."""
+        if self._data is None and not self._off:
             self._take_data(trainer, pl_module)
-            if self._off:
-                return
+        if self._off:
+            return None
         images, evidence = self._data
         # validation runs under inference mode; gradient rollout needs gradients
         with torch.inference_mode(False), torch.enable_grad():
             masses = evidence_mass(pl_module.model, images, evidence, self.methods)
-        for method, mass in masses.items():
-            pl_module.log(f"val/evidence_mass_{method.replace('-', '_')}", mass.item())
-        pl_module.log("val/evidence_share", evidence.float().mean().item())
+        figures = {
+            f"val/evidence_mass_{method.replace('-', '_')}": mass.item() for method, mass in masses.items()
+        }
+        return figures | {"val/evidence_share": evidence.float().mean().item()}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # the model before its first step, where the curves start (not when a run resumes); to the
+        # loggers at step 0, as Lightning's `log` cannot be called here
+        if trainer.global_step == 0 and (figures := self._measure(trainer, pl_module)) is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics(figures, step=0)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        for name, value in (self._measure(trainer, pl_module) or {}).items():
+            pl_module.log(name, value)
