@@ -36,3 +36,35 @@ def test_demo_seeds_reports_each_seed_and_goes_on_where_it_stopped(tmp_path):
         "demo_seeds.py", "--seeds", "5", "--out", str(out), "--runs", str(runs), "--", "--model.lr", "1"
     )
     assert other.returncode != 0 and "holds another config or options" in other.stderr
+
+
+@pytest.mark.slow
+def test_tensorboard_screenshots_show_the_first_and_the_last_pictures(chromium, tmp_path):
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from PIL import Image
+
+    from vit import TwoCircles, ViTClassifier, ViTConfig
+    from vit.interpret.callbacks import AttentionMaps
+
+    data = TwoCircles(num_train=64, num_val=32, num_test=32, batch_size=32)
+    model = ViTClassifier(
+        num_classes=4, image_size=32, in_channels=1, vit=ViTConfig(preset="micro", patch_size=8)
+    )
+    logger = TensorBoardLogger(tmp_path / "runs", name="demo")
+    trainer = L.Trainer(max_epochs=1, logger=logger, callbacks=[AttentionMaps(num_images=2)],
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    shots = tmp_path / "shots"
+    result = run_script("tensorboard_screenshots.py", str(tmp_path / "runs"), "--out", str(shots),
+                        "--chromium", chromium)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, last = (
+        Image.open(tmp_path / "shots" / name) for name in ("tensorboard_step0.png", "tensorboard_end.png")
+    )
+    assert first.size == last.size == (1400, 960)
+    assert first.tobytes() != last.tobytes()  # the slider moved: another picture, another step
+    result = run_script(
+        "tensorboard_screenshots.py", str(shots), "--out", str(tmp_path / "none")
+    )  # no events
+    assert result.returncode != 0 and not (tmp_path / "none").exists()
