@@ -264,3 +264,104 @@ def test_a_run_without_epochs_or_minutes_is_drawn_against_steps_alone(tmp_path):
     steps, epochs, minutes = curves_figure([run]).axes[3:6]  # the accuracy row
     assert steps.lines[0].get_xdata().tolist() == [9, 19]
     assert np.isnan(epochs.lines[0].get_xdata()).all() and np.isnan(minutes.lines[0].get_xdata()).all()
+
+
+def test_values_between_and_beyond_known_points_follow_the_nearest_segments():
+    from vit.curves import along
+
+    known = {0: 0.0, 10: 1.0, 20: 3.0, 30: 4.0}  # slopes 0.1, 0.2, 0.1
+    np.testing.assert_allclose(along([-10, 5, 15, 25, 40], known), [-1.0, 0.5, 2.0, 3.5, 5.0])
+    np.testing.assert_allclose(along([-5, 7], {3: 2.0}), [2.0, 2.0])  # one point: that value
+    assert np.isnan(along([1, 2], {})).all()  # none: not drawn
+
+
+def test_a_config_key_of_one_run_only_is_a_difference():
+    from vit.curves import Run
+
+    first = Run(Path("a"), "a", {}, {"model.lr": 0.1})
+    second = Run(Path("b"), "b", {}, {"model.lr": 0.1, "trainer.callbacks.1.class_path": "EMA"})
+    assert config_changes([first, second]) == [{}, {"trainer.callbacks.1.class_path": [None, "EMA"]}]
+
+
+def test_a_csv_file_is_a_run_and_metrics_csv_stands_for_its_folder(tmp_path):
+    write_run(tmp_path / "demo", config={"version": 0, "images": 64, "lr": 0.003, "ckpt": "null"})
+    copy = tmp_path / "other.csv"
+    copy.write_text((tmp_path / "demo" / "metrics.csv").read_text())
+    assert find_runs(copy) == [copy] and find_runs(tmp_path / "demo" / "metrics.csv") == [tmp_path / "demo"]
+    from vit.curves import short_labels
+
+    assert short_labels([copy, tmp_path / "demo"]) == ["other", "demo"]
+    run = read_run(copy)
+    assert run.series("val/acc")[1].tolist() == [0.50, 0.70, 0.65] and run.config is None
+    assert read_run(tmp_path / "demo").config["model.init_args.lr"] == 0.003
+
+
+def test_what_cannot_be_read_is_named_with_its_place(tmp_path):
+    from vit.errors import DataError
+
+    bad = write_run(tmp_path / "bad", "0,4,,,2.0,,\n0,9,,,nan?,,\n")
+    with pytest.raises(DataError, match=r"bad/metrics.csv, line 3: 'nan\?' is not a number"):
+        read_run(bad)
+    (bad / "metrics.csv").write_text(HEADER.replace("step", "iteration") + "0,4,,,2.0,,\n")
+    with pytest.raises(DataError, match="has no step column"):
+        read_run(bad)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty: no metrics.csv or TensorBoard events"):
+        read_run(tmp_path / "empty")
+    good = write_run(tmp_path / "good")
+    (good / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(DataError, match="config.yaml is not YAML"):
+        read_run(good)
+
+
+def test_every_tensorboard_event_is_read_and_logged_minutes_are_kept(tmp_path):
+    """TensorBoard's reader keeps a sample of 10,000 scalars a tag unless told to keep all."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step in range(10_050):
+        writer.add_scalar("train/loss", 1 / (1 + step), step, walltime=1000.0 + step)
+    writer.add_scalar("time/minutes", 7.5, 10_049, walltime=20_000.0)
+    writer.close()
+    run = read_run(tmp_path / "tb")
+    assert run.series("train/loss")[0].tolist() == list(range(10_050))
+    assert run.series("time/minutes")[1].tolist() == [7.5]  # logged: not made from wall times
+
+
+def test_the_figure_draws_each_run_in_its_colour_against_steps_epochs_and_minutes(tmp_path):
+    runs = [read_run(write_run(tmp_path / "a")), read_run(write_run(tmp_path / "b"))]
+    axes = curves_figure(runs, "two runs").axes  # loss row, then accuracy row; steps, epochs, minutes
+    titles = ["against optimizer steps", "against epochs", "against training minutes", "", "", ""]
+    assert [ax.get_title() for ax in axes] == titles
+    xlabels = ["optimizer step", "epoch", "minutes of training (validation included)"]
+    assert [ax.get_xlabel() for ax in axes[3:]] == xlabels
+    assert axes[0].get_ylabel().startswith("loss") and axes[3].get_ylabel().startswith("accuracy")
+    assert not any(ax.get_ylabel() for ax in (*axes[1:3], *axes[4:]))
+    for ax in axes:  # each run: its two metrics of the row, in one colour, the runs in two
+        colours = [line.get_color() for line in ax.lines]
+        assert len(ax.lines) == 4 and colours[0] == colours[1] != colours[2] == colours[3]
+    val_acc = axes[4].lines[0]  # the first run's val/acc against epochs
+    assert val_acc.get_xdata().tolist() == [1.0, 2.0, 3.0] and val_acc.get_ydata().tolist() == [
+        0.5,
+        0.7,
+        0.65,
+    ]
+    assert axes[5].lines[0].get_xdata().tolist() == [1.0, 2.5, 4.0]  # against minutes
+    assert val_acc.get_marker() == "o" and axes[3].lines[1].get_linestyle() == "--"  # train/acc dashed
+    legend = axes[0].figure.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["a", "b"]
+    first, second = axes[0].lines[0].get_color(), axes[0].lines[2].get_color()
+    assert [h.get_color() for h in legend.legend_handles] == [first, second]
+
+
+def test_the_table_says_how_each_config_differs_or_that_there_is_none(tmp_path):
+    first = {"version": 0, "images": 64, "lr": 0.003, "ckpt": "null"}
+    runs = [
+        read_run(write_run(tmp_path / "a", config=first)),
+        read_run(write_run(tmp_path / "b", config={**first, "version": 1})),
+        read_run(write_run(tmp_path / "c")),
+    ]
+    summaries = [r.summary() | {"config_changes": c} for r, c in zip(runs, config_changes(runs), strict=True)]
+    lines = runs_table(summaries).splitlines()
+    assert lines[0].split()[0] == "run" and lines[0].index("run") == 0
+    assert lines[-4:] == ["", "config differences from a:", "  b: the same config", "  c: no config.yaml"]

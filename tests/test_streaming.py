@@ -347,10 +347,10 @@ def test_two_processes_see_disjoint_images_that_together_make_the_epoch(tmp_path
             for j in range(count):
                 pixels = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=noise).numpy()
                 Image.fromarray(pixels).save(root / split / name / f"{j:02d}.png")
-    write_chunks(
-        root, tmp_path / "chunks", chunk_bytes=4000
-    )  # 12 chunks: litdata shuffles chunks, then images
-    assert len(list((tmp_path / "chunks" / "train").glob("*.bin"))) == 12
+    # 3 or 4 images a chunk (litdata counts an item's bytes otherwise where pyarrow is installed, as
+    # the mlflow extra installs it): 12 to 16 chunks; litdata shuffles chunks, then images
+    write_chunks(root, tmp_path / "chunks", chunk_bytes=4000)
+    assert 12 <= len(list((tmp_path / "chunks" / "train").glob("*.bin"))) <= 16
     fit_streamed(tmp_path / "chunks", seen=SeenImages(tmp_path), strategy="ddp_spawn", devices=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [len(batches) for batches in ranks] == [12, 12]  # 2 epochs of 6 batches

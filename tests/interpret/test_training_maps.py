@@ -125,8 +125,10 @@ def test_bad_choices_are_refused_before_training(tmp_path, capsys):
         AttentionMaps(methods=("nope",))
     with pytest.raises(UsageError, match="query_patch"):
         AttentionMaps(methods=("query",))
-    with pytest.raises(ValueError, match="num_images=0"):
+    with pytest.raises(ValueError, match="num_images >= 1 and columns >= 2, not 0, 12"):
         AttentionMaps(num_images=0)
+    with pytest.raises(ValueError, match="not 8, 1"):
+        AttentionMaps(columns=1)
     steps = []
 
     class Steps(Callback):

@@ -81,7 +81,7 @@ class AttentionMaps(Callback):
     ):
         if num_images < 1 or columns < 2:
             raise ValueError(
-                f"AttentionMaps num_images={num_images} and columns={columns} must be at least 1, 2"
+                f"AttentionMaps needs num_images >= 1 and columns >= 2, not {num_images}, {columns}"
             )
         self.specs = [MapSpec(method) for method in methods]  # refuses a name that is not a method
         self.num_images, self.seed, self.columns = num_images, seed, columns
