@@ -239,3 +239,34 @@ def test_mlflow_gets_the_figures_the_pictures_and_the_config(mlflow_server, runs
     assert {"epoch_000.png", "epoch_001.png", "image_0.png", "image_7.png"} <= pictures
     folder = runs / experiment.experiment_id / run.info.run_id
     assert (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "config.yaml").is_file()
+
+
+def test_the_maps_before_training_leave_the_network_as_they_found_it(tmp_path):
+    """Before the first step the network is in training mode: the maps and the evidence mass are
+    computed in eval mode (no dropout, BatchNorm's statistics left alone), which is then put back."""
+
+    class Buffers(Callback):
+        @staticmethod
+        def statistics(network):
+            norms = [m for m in network.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+            return [b.clone() for m in norms for b in m.buffers()]
+
+        def on_fit_start(self, trainer, pl_module):
+            self.before = self.statistics(pl_module.model)
+
+        def on_train_start(self, trainer, pl_module):  # after the callbacks listed before it
+            self.after, self.training = self.statistics(pl_module.model), pl_module.model.training
+
+    buffers = Buffers()
+    model = ViTClassifier(
+        num_classes=4,
+        image_size=32,
+        in_channels=1,
+        vit=ViTConfig(preset="micro", patch_size=8, conv_stem=[4]),
+    )
+    tiny_fit(
+        tmp_path, [AttentionMaps(num_images=2), EvidenceMass(num_images=8), buffers], model=model, epochs=1
+    )
+    assert len(buffers.before) == 3 and buffers.training
+    for before, after in zip(buffers.before, buffers.after, strict=True):
+        torch.testing.assert_close(after, before, atol=0, rtol=0)

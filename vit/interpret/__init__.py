@@ -1,7 +1,7 @@
 """Looking inside a trained ViT: where it attends, whether those maps tell the truth, which heads
 and tokens carry the prediction. Each module builds only on the ones it names:
 
-    callbacks     AttentionMaps and EvidenceMass: the maps while training <- maps, evidence, score, figures
+    callbacks     AttentionMaps, EvidenceMass: maps while training <- maps, evidence, score, figures, hooks
     explore       the explorable HTML page of the maps (page.html) <- maps
     score         the maps scored: perturbation, evidence, sanity <- maps, evidence, hooks, stats
     heads         ablation, logit attribution, lens, norms        <- evidence, hooks, stats

@@ -18,6 +18,7 @@ from PIL import Image
 from vit.callbacks import log_artifact, run_folder
 from vit.interpret.evidence import evidence_scores, patch_evidence
 from vit.interpret.figures import training_maps
+from vit.interpret.hooks import explicit_attention
 from vit.interpret.maps import MapSpec, method_maps, predicted_classes
 from vit.interpret.score import evidence_mass
 from vit.model import ViT
@@ -129,8 +130,9 @@ class AttentionMaps(Callback):
             return
         images, captions, evidence = self._data
         network = pl_module.model
-        # validation runs under inference mode; gradient rollout needs gradients
-        with torch.inference_mode(False), torch.enable_grad():
+        # validation runs under inference mode, and gradient rollout needs gradients; before the
+        # first step the network is training: eval mode (no dropout, BatchNorm left alone), eager
+        with torch.inference_mode(False), torch.enable_grad(), explicit_attention(network, []):
             targets = predicted_classes(network, images)  # once for every method
             maps = {spec.method: method_maps(network, images, spec, targets).float() for spec in self.specs}
         epoch, step = trainer.current_epoch, trainer.global_step
@@ -229,9 +231,10 @@ class EvidenceMass(Callback):
         if self._off:
             return None
         images, evidence = self._data
-        # validation runs under inference mode; gradient rollout needs gradients
-        with torch.inference_mode(False), torch.enable_grad():
-            masses = evidence_mass(pl_module.model, images, evidence, self.methods)
+        network = pl_module.model
+        # as AttentionMaps._record: gradients, and eval mode where the network is training
+        with torch.inference_mode(False), torch.enable_grad(), explicit_attention(network, []):
+            masses = evidence_mass(network, images, evidence, self.methods)
         figures = {
             f"val/evidence_mass_{method.replace('-', '_')}": mass.item() for method, mass in masses.items()
         }
