@@ -3,8 +3,8 @@
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
 validation; and where a run's files go (`run_folder`) and reach MLflow (`log_artifact`).
-(`AttentionMaps` and `EvidenceMass`, which follows where the model's maps look while it learns, is
-`vit.interpret.callbacks.EvidenceMass`.)"""
+(`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
+in `vit.interpret.callbacks`.)"""
 
 from __future__ import annotations
 

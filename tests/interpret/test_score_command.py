@@ -249,6 +249,18 @@ def test_training_logs_the_evidence_mass_after_each_validation(runs):
             assert 0.0 < float(row[key]) < 1.0
 
 
+def assert_page_file_refused(option, good, other, kind, checkpoint, tmp_path, capsys):
+    """A results file for the page (`--scores`, `--heads`) is refused without --html (exit 2), and a
+    JSON file of something else with one line (exit 1), before the page is written."""
+    status, error = command_error(attention_main, ["--ckpt", checkpoint, option, good], capsys)
+    assert status == 2 and f"{option} goes with --html" in error
+    (tmp_path / "other.json").write_text(other)
+    args = ["--ckpt", checkpoint, "--html", tmp_path / "p2.html", option, tmp_path / "other.json"]
+    status, error = command_error(attention_main, args, capsys)
+    assert status == 1 and f"is not {kind}" in error
+    assert not (tmp_path / "p2.html").exists()
+
+
 def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tmp_path, capsys):
     """The explore page leaves a place for these scores: `vit-attention --html --scores FILE`."""
     attention_main(["score", "--ckpt", trained_checkpoint, "--num_images", "8", "--no-sanity",
@@ -262,13 +274,8 @@ def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tm
     for method, figures in expected.items():
         for name, value in figures.items():
             assert json.dumps(name)[1:-1] in text and value in text, (method, name)
-    status, error = command_error(attention_main, ["--ckpt", trained_checkpoint, "--scores", scores], capsys)
-    assert status == 2 and "--scores goes with --html" in error
-    (tmp_path / "other.json").write_text('{"top1": 0.9}')
-    args = ["--ckpt", trained_checkpoint, "--html", tmp_path / "p2.html", "--scores", tmp_path / "other.json"]
-    status, error = command_error(attention_main, args, capsys)
-    assert status == 1 and "is not a scores.json of vit-attention score" in error
-    assert not (tmp_path / "p2.html").exists()
+    assert_page_file_refused("--scores", scores, '{"top1": 0.9}', "a scores.json of vit-attention score",
+                             trained_checkpoint, tmp_path, capsys)  # fmt: skip
 
 
 def test_score_on_image_files_leaves_out_the_evidence_and_says_why(trained_checkpoint, tmp_path, capsys):
@@ -346,10 +353,5 @@ def test_the_page_takes_the_heads_of_vit_attention_heads(trained_checkpoint, tmp
     assert f'"values":{json.dumps(means, separators=(",", ":"))}' in text
     assert f'"intervals":{json.dumps(intervals, separators=(",", ":"))}' in text
     capsys.readouterr()
-    status, error = command_error(attention_main, ["--ckpt", trained_checkpoint, "--heads", heads], capsys)
-    assert status == 2 and "--heads goes with --html" in error
-    (tmp_path / "other.json").write_text("{}")
-    args = ["--ckpt", trained_checkpoint, "--html", tmp_path / "p2.html", "--heads", tmp_path / "other.json"]
-    status, error = command_error(attention_main, args, capsys)
-    assert status == 1 and "is not a heads.json of vit-attention heads" in error
-    assert not (tmp_path / "p2.html").exists()
+    assert_page_file_refused("--heads", heads, "{}", "a heads.json of vit-attention heads",
+                             trained_checkpoint, tmp_path, capsys)  # fmt: skip

@@ -112,21 +112,18 @@ def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | in
 
 class SaveConfig(SaveConfigCallback):
     """LightningCLI's config.yaml, written into the run's own folder, where its checkpoints go
-    (`vit.callbacks.run_folder`), and logged to MLflow as an artifact. Lightning writes it into
-    `trainer.log_dir`, which for an MLflow logger is the store that every run shares (or None with a
-    tracking server: its assertion failed before training began)."""
+    (`vit.callbacks.run_folder`), and logged to MLflow as an artifact. Lightning's default writes it
+    into `trainer.log_dir`, which for an MLflow logger is the store that every run shares (or None
+    with a tracking server: its assertion failed before training began); with
+    `save_to_log_dir=False` it calls this `save_config` instead, on the first process only."""
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if self.already_saved:
-            return
-        if trainer.is_global_zero:
-            path = run_folder(trainer) / self.config_filename
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.parser.save(
-                self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
-            )
-            log_artifact(trainer, path)
-        self.already_saved = trainer.strategy.broadcast(True)
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        path = run_folder(trainer) / self.config_filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.parser.save(
+            self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
+        )
+        log_artifact(trainer, path)
 
 
 class ViTCLI(LightningCLI):
@@ -268,7 +265,8 @@ def run(args: list[str] | None = None) -> ViTCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_callback=SaveConfig,
-        save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
+        # into the run's folder (SaveConfig.save_config); a resumed run rewrites its own config
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         auto_configure_optimizers=False,
         parser_class=Parser,
         parser_kwargs={"description": DESCRIPTION},

@@ -8,6 +8,7 @@ load (`vit.compat.MOVED_CLASSES`)."""
 from __future__ import annotations
 
 import io
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -27,8 +28,6 @@ from vit.model import ViT
 def tensorboard_image(writer, tag: str, png: bytes, step: int) -> None:
     """A PNG as TensorBoard's image `tag` at `step`, written as it is: `add_image` would encode the
     picture again, which costs as much as drawing it."""
-    from PIL import Image
-
     try:
         from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard import SummaryWriter
@@ -40,6 +39,16 @@ def tensorboard_image(writer, tag: str, png: bytes, step: int) -> None:
     width, height = Image.open(io.BytesIO(png)).size
     image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
     writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+@contextmanager
+def measuring(network):
+    """Within the `with` block, the network as the maps need it, whenever a callback runs: with
+    gradients (validation runs under inference mode; gradient rollout needs them) and in eval mode,
+    eagerly (before the first step the network is training: no dropout, BatchNorm's statistics left
+    alone); all put back afterwards."""
+    with torch.inference_mode(False), torch.enable_grad(), explicit_attention(network, []):
+        yield
 
 
 def spread_over_classes(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor:
@@ -116,31 +125,29 @@ class AttentionMaps(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         # the maps before the first step: what training changes (not when a run resumes)
         if trainer.global_step == 0:
-            self._record(trainer, pl_module, val_acc=False)
+            self._record(trainer, pl_module, validated=False)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # at the end (not at the epoch's end, where the logged figures are the last validation's),
         # before the checkpoint callbacks, which Lightning runs last: last.ckpt holds these maps
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            self._record(trainer, pl_module, val_acc=True)
+            self._record(trainer, pl_module, validated=True)
 
-    def _record(self, trainer, pl_module, val_acc: bool) -> None:
-        """The maps now: kept, drawn, written and logged."""
+    def _record(self, trainer, pl_module, validated: bool) -> None:
+        """The maps now (after a validation, or before training): kept, drawn, written and logged."""
         if self._data is None or not trainer.is_global_zero:
             return
         images, captions, evidence = self._data
         network = pl_module.model
-        # validation runs under inference mode, and gradient rollout needs gradients; before the
-        # first step the network is training: eval mode (no dropout, BatchNorm left alone), eager
-        with torch.inference_mode(False), torch.enable_grad(), explicit_attention(network, []):
+        with measuring(network):
             targets = predicted_classes(network, images)  # once for every method
             maps = {spec.method: method_maps(network, images, spec, targets).float() for spec in self.specs}
         epoch, step = trainer.current_epoch, trainer.global_step
         # at an epoch's end, the epoch names it; before training or within an epoch, the step too
-        ended = val_acc and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        ended = validated and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         self.history.append({"epoch": epoch, "step": step, "ended": ended, "maps": maps})
         title = f"epoch {epoch}, step {step}"
-        if val_acc and "val/acc" in trainer.callback_metrics:
+        if validated and "val/acc" in trainer.callback_metrics:
             title += f", val/acc {float(trainer.callback_metrics['val/acc']):.3f}"
         name = f"epoch_{epoch:03d}" + ("" if ended else f"_step_{step:06d}") + ".png"
         png = self._draw(images, maps, captions, title, evidence, trainer, name)
@@ -154,7 +161,7 @@ class AttentionMaps(Callback):
         images, captions, evidence = self._data
         shown = np.unique(np.linspace(0, len(self.history) - 1, self.columns).round().astype(int))
         moments = [self.history[i] for i in shown]
-        columns = [f"epoch {m['epoch']}" if m.get("ended", True) else f"step {m['step']}" for m in moments]
+        columns = [f"epoch {m['epoch']}" if m["ended"] else f"step {m['step']}" for m in moments]
         for k, image in enumerate(images):
             maps = {
                 spec.method: torch.stack([m["maps"][spec.method][k] for m in moments]) for spec in self.specs
@@ -231,10 +238,8 @@ class EvidenceMass(Callback):
         if self._off:
             return None
         images, evidence = self._data
-        network = pl_module.model
-        # as AttentionMaps._record: gradients, and eval mode where the network is training
-        with torch.inference_mode(False), torch.enable_grad(), explicit_attention(network, []):
-            masses = evidence_mass(network, images, evidence, self.methods)
+        with measuring(pl_module.model):
+            masses = evidence_mass(pl_module.model, images, evidence, self.methods)
         figures = {
             f"val/evidence_mass_{method.replace('-', '_')}": mass.item() for method, mass in masses.items()
         }

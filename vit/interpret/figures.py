@@ -494,19 +494,21 @@ def training_maps(
     title: str,
     notes: dict[str, list[str]] | None = None,
     tile: int = 96,
+    alpha: float = 0.6,
 ) -> np.ndarray:
     """Maps while a model trains, as an RGB picture (H, W, 3) uint8: a row of `images` (B, C, H, W)
     (a validation's images, or one image at several moments) with a `columns` caption above each,
     then a row per method of `maps` ({method: (B, grid_h, grid_w)}), `title` on top; `notes`
-    ({method: a short text per image}) go in a corner of the method's tiles. Small images are
-    blown up to tiles of at least `tile` pixels. Composed with numpy and Pillow, not matplotlib:
+    ({method: a short text per image}) go in a corner of the method's tiles; each map is laid over
+    its image with opacity `alpha`, as `overlay_rgb` lays it. Small images are blown up to tiles of
+    at least `tile` pixels. Composed with numpy and Pillow, not matplotlib:
     it is drawn at every validation, where a matplotlib figure costs ten times as much."""
     from PIL import Image, ImageDraw
 
     plain = np.stack([_to_rgb(x) for x in images])  # (B, H, W, 3)
     # every map coloured at once (one call of the colormap), then laid over its image as overlay_rgb does
     coloured = _coloured(torch.stack(list(maps.values())), tuple(images.shape[-2:]), "inferno", "nearest")
-    rows = np.concatenate((plain[None], 0.4 * plain + 0.6 * coloured))  # (1 + methods, B, H, W, 3)
+    rows = np.concatenate((plain[None], (1 - alpha) * plain + alpha * coloured))  # (1 + methods, B, H, W, 3)
     scale = max(1, math.ceil(tile / images.shape[-1]))
     tiles = repeat(rows, "r c h w rgb -> r c (h s1) (w s2) rgb", s1=scale, s2=scale)
     height, width = tiles.shape[2:4]
