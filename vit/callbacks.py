@@ -292,11 +292,26 @@ class EMA(WeightAveraging):
         if step <= self._latest_update_step:
             return
         self._latest_update_step = step
-        weight = 1 - min(self.decay, (1 + step) / (10 + step))  # of the network's current values
+        if not getattr(pl_module, "updates_average", False):  # a captured step updates it itself
+            self.update(self.pairs(pl_module), self.weight(step))
+
+    def weight(self, step: int | torch.Tensor) -> float | torch.Tensor:
+        """The share of the network's current values in the average after optimizer step `step`
+        (a tensor in a compiled step, where a number would recompile)."""
+        warm = (1 + step) / (10 + step)
+        return 1 - (warm.clamp(max=self.decay) if torch.is_tensor(warm) else min(self.decay, warm))
+
+    def pairs(self, pl_module: L.LightningModule) -> tuple[list, list, list, list]:
+        """`pair_up` of the average and `pl_module`, made at the first call and kept."""
         average = self._average_model.module
         if getattr(self, "_pairs", (None,))[0] != (id(average), id(pl_module)):
             self._pairs = ((id(average), id(pl_module)), *self.pair_up(average, pl_module))
-        _, averages, currents, counters, current_counters = self._pairs
+        return self._pairs[1:]
+
+    @staticmethod
+    def update(pairs: tuple[list, list, list, list], weight: float | torch.Tensor) -> None:
+        """One multi-tensor lerp of the average towards the network; counters copied."""
+        averages, currents, counters, current_counters = pairs
         torch._foreach_lerp_(averages, currents, weight)
         if counters:  # counters (BatchNorm's num_batches_tracked) follow the network
             torch._foreach_copy_(counters, current_counters)

@@ -16,12 +16,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
-from vit.callbacks import LearningRate, budget_callbacks, logged_step, training_progress
+from vit.callbacks import EMA, LearningRate, budget_callbacks, logged_step, training_progress
 from vit.cnn import BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
 from vit.model import ViT
 from vit.pretrained import for_finetuning
+from vit.step import CapturedStep
 
 
 def adamw(
@@ -30,12 +31,15 @@ def adamw(
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.999),
     layer_decay: float | None = None,
+    tensor_lr: bool = False,
 ) -> torch.optim.AdamW:
     """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`,
     fused on a GPU and multi-tensor (foreach) elsewhere.
     With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of depth D + 2
     learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest (BEiT's
-    layer-wise decay, for fine-tuning)."""
+    layer-wise decay, for fine-tuning). With `tensor_lr`, each group's learning rate is a tensor on
+    the parameters' device, which the scheduler fills in place (what a compiled step reads without
+    recompiling) and the step count too (`capturable`)."""
     skip = getattr(model, "no_weight_decay", set)()
     top = len(model.blocks) + 1 if layer_decay is not None else 0
     groups: dict[tuple[int, bool], list] = {}
@@ -51,16 +55,23 @@ def adamw(
     order = sorted(groups, key=lambda key: (key[0], not key[1]))  # by depth, decayed first
     # one fused kernel for all parameters on a GPU; elsewhere one multi-tensor op at a time
     # (torch's default on a CPU loops over the parameters in Python)
-    on_gpu = next(model.parameters()).is_cuda
+    device = next(model.parameters()).device
+    on_gpu = device.type == "cuda"
+    rate = (lambda value: torch.tensor(value, device=device)) if tensor_lr else (lambda value: value)
     return torch.optim.AdamW(
         [
-            {"params": groups[key], "weight_decay": weight_decay if key[1] else 0.0, "lr": lr * scale(key[0])}
+            {
+                "params": groups[key],
+                "weight_decay": weight_decay if key[1] else 0.0,
+                "lr": rate(lr * scale(key[0])),
+            }
             for key in order
         ],
-        lr=lr,
+        lr=rate(lr),
         betas=betas,
-        fused=on_gpu or None,
-        foreach=None if on_gpu else True,
+        fused=(on_gpu and not tensor_lr) or None,
+        foreach=None if on_gpu else not tensor_lr,
+        capturable=tensor_lr and on_gpu,
     )
 
 
@@ -110,13 +121,45 @@ def for_the_device(images: torch.Tensor) -> torch.Tensor:
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
+def capture(classifier: Classifier, mode: str) -> CapturedStep:
+    """The classifier's captured training step (`vit.step`), compiled here, before the training
+    clock starts, on a random batch whose step is undone (weights, buffers, optimizer state, the
+    EMA's average and the random state as they were)."""
+    trainer, datamodule = classifier.trainer, classifier.trainer.datamodule
+    if trainer.world_size > 1:
+        raise UsageError("capture_step trains one process: its gradients skip DDP's all-reduce")
+    if not hasattr(datamodule, "augment"):
+        raise UsageError(f"capture_step augments in the step: {type(datamodule).__name__} has no augment()")
+    if getattr(datamodule, "mixup_alpha", 0) or getattr(datamodule, "cutmix_alpha", 0):
+        raise UsageError("capture_step draws on the device; MixUp and CutMix draw on the host: turn them off")
+    ema = next((c for c in trainer.callbacks if isinstance(c, EMA)), None)
+    optimizer = trainer.optimizers[0]
+    step = CapturedStep(classifier, optimizer, datamodule.augment, ema, mode)
+    # the scheduler warns that it steps before the optimizer where optimizer.step() is never
+    # called; the captured step updates before each scheduler step
+    optimizer._opt_called = True
+    start = time.perf_counter()
+    shape = (datamodule.batch_size, *datamodule.split("train").images.shape[1:])
+    devices = [classifier.device] if classifier.device.type == "cuda" else []
+    with torch.random.fork_rng(devices), step.undone(), trainer.precision_plugin.train_step_context():
+        images = torch.randint(0, 256, shape, dtype=torch.uint8, device=classifier.device)
+        labels = torch.randint(0, classifier.hparams.num_classes, shape[:1], device=classifier.device)
+        for _ in range(3):  # CUDA graphs record at the second call and replay from the third
+            step(images, labels)
+    seconds = time.perf_counter() - start
+    print(f"captured the training step in {seconds:.1f} s, before the training clock starts")
+    if classifier.logger is not None:
+        classifier.logger.log_metrics({"time/capture_seconds": seconds}, step=0)
+    return step
+
+
 def compile_now(classifier: Classifier) -> None:
     """Run a classifier's compiled network once as training will (forward and backward of a
     batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
     one), on random images, so that compilation happens here, before the training clock
     (Lightning's Timer) starts: a time budget then buys steps, not compilation. Weights, buffers
     (BatchNorm's statistics) and gradients are left as they were; the seconds are printed and
-    logged as `time/compile_seconds`."""
+    logged as `time/compile_seconds`. The random state is left as it was too."""
     network, trainer, hparams = classifier.model, classifier.trainer, classifier.hparams
     datamodule = trainer.datamodule
     size, channels = hparams.get("image_size"), hparams.get("in_channels")
@@ -127,7 +170,9 @@ def compile_now(classifier: Classifier) -> None:
     buffers = [b.clone() for b in network.buffers()]
     batch = datamodule.batch_size
     val = len(datamodule.split("val"))
-    with trainer.precision_plugin.forward_context():
+    devices = [classifier.device] if classifier.device.type == "cuda" else []
+    # the random state forked: a compiled run draws what an eager one with the same seed draws
+    with torch.random.fork_rng(devices), trainer.precision_plugin.forward_context():
         images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device))
         network.train()
         network(images).float().sum().backward()
@@ -168,6 +213,9 @@ class Classifier(L.LightningModule):
         # reduce-overhead replays CUDA graphs, for small kernels on a GPU
         compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
         layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
+        # the whole training step (augmentation, forward, backward, optimizer, EMA) as one graph,
+        # compiled in `compile`'s mode: no kernel launched from Python (vit.step)
+        capture_step: bool = False,
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -182,8 +230,11 @@ class Classifier(L.LightningModule):
             compile in (False, True, *COMPILE_MODES),
             f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
         )
+        require(not capture_step or compile, "capture_step compiles the step: set compile (true or a mode)")
         # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
         self.save_hyperparameters()
+        self.automatic_optimization = not capture_step  # the captured step updates the weights itself
+        self.captured: CapturedStep | None = None
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -191,12 +242,20 @@ class Classifier(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits of a batch and its loss. y: class indices (N,), or class probabilities
+        (N, classes) from MixUp/CutMix, which cross-entropy takes as they are."""
+        logits = self(for_the_device(x))
+        return logits, F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+
     def _step(self, batch, stage: str, accuracy: MulticlassAccuracy) -> torch.Tensor:
         x, y = batch
-        logits = self(for_the_device(x))
-        # y: class indices (N,), or class probabilities (N, classes) from MixUp/CutMix, which
-        # cross-entropy takes as they are and accuracy counts against their largest class
-        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        logits, loss = self.loss(x, y)
+        self._log(stage, logits, y, loss, accuracy)
+        return loss
+
+    def _log(self, stage: str, logits, y, loss, accuracy: MulticlassAccuracy) -> None:
+        # accuracy counts probabilities (MixUp, CutMix) against their largest class
         accuracy(logits, y.argmax(dim=1) if y.ndim == 2 else y)
         if stage != "train":  # averaged over all processes; accuracy syncs itself (torchmetrics)
             self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
@@ -207,10 +266,29 @@ class Classifier(L.LightningModule):
             # (`vit.callbacks.ProgressBar` shows it, read when the bar is drawn)
             self.log("train/loss", loss, on_step=True, on_epoch=False)
         self.log(f"{stage}/acc", accuracy, prog_bar=True, on_step=False, on_epoch=True)
-        return loss
 
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train", self.train_acc)
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
+        if self.captured is None:
+            return self._step(batch, "train", self.train_acc)
+        # Lightning counts an optimizer step (global_step) in these two calls of its optimizer
+        # wrapper's step(), which would run the optimizer's own update: the captured step did it
+        optimizer = self.optimizers()
+        optimizer._on_before_step()
+        loss, logits = self.captured(*batch)
+        optimizer._on_after_step()
+        self.lr_schedulers().step()  # fills the lr tensors in place
+        self._log("train", logits, batch[1], loss, self.train_acc)
+        return None
+
+    @property
+    def augments_batches(self) -> bool:
+        """Whether the training step augments its raw batches itself (the captured step does)."""
+        return self.captured is not None
+
+    @property
+    def updates_average(self) -> bool:
+        """Whether the training step updates the EMA callback's average itself."""
+        return self.captured is not None and self.captured.ema is not None
 
     def configure_callbacks(self) -> list:
         # the time budget and its clock where they are missing, and the learning rate's logging
@@ -227,6 +305,8 @@ class Classifier(L.LightningModule):
             mode = "default" if self.hparams.compile is True else self.hparams.compile
             self.model.compile(mode=mode)
             compile_now(self)
+            if self.hparams.get("capture_step"):
+                self.captured = capture(self, mode)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the format's version, and how image files become model input (a checkpoint alone then
@@ -240,6 +320,9 @@ class Classifier(L.LightningModule):
         compat.checkpoint(checkpoint)
 
     def on_train_start(self) -> None:
+        if self.captured is not None and self.captured.ema is not None:
+            # a resumed run's step count is known now (the checkpoint is read after on_fit_start)
+            self.captured.ema_step.fill_(self.trainer.global_step)
         # A resumed run's training loader gets its place in the epoch back (ResumableLoader).
         # Lightning gives it when it builds the loader, but configure_optimizers built it earlier
         # (estimated_stepping_batches), before the checkpoint's loop state was read, and then the
@@ -259,7 +342,8 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
+        captured = hp.get("capture_step", False)
+        optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay, tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)

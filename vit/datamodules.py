@@ -330,7 +330,9 @@ class ImageDataModule(InMemoryDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.training:
-            return self.augment(*batch)
+            # a captured training step augments the raw batch inside its graph
+            if not getattr(self.trainer.lightning_module, "augments_batches", False):
+                return self.augment(*batch)
         return batch
 
 

@@ -1,0 +1,165 @@
+"""The whole training step as one compiled graph: augmentation of the batch on its device, forward,
+loss, backward, the optimizer's update and the EMA's, traced once by `torch.compile` (fullgraph)
+and replayed, so that a step launches no kernel from Python (with `reduce-overhead`, one CUDA
+graph a step).
+
+The eager step (`Classifier.training_step` with Lightning's automatic optimisation) is the one
+to read; this one computes the same thing in a form a compiler can take whole:
+- the gradients come from `torch.autograd.grad` (traced by Dynamo's `trace_autograd_ops`), not
+  `.backward()` into `.grad`: the optimizer's `step()` breaks the graph on purpose (its
+  `_use_grad` decorator) and on any pending `.grad` write;
+- the update is torch's own functional form of the optimizer's algorithm
+  (`torch.optim.adam.adam`, `torch.optim._muon.muon`) on the optimizer's state tensors, so
+  checkpoints hold the same optimizer state as an eager run's;
+- the learning rate is a tensor in each param group, which the scheduler fills in place
+  (`LRScheduler` does so for tensors), and the EMA's step count a tensor: neither recompiles;
+- the random draws (crops, flips, the policy's operations, drop path) happen inside the graph.
+Lightning keeps the loop, logging, clock and checkpoints (manual optimisation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import warnings
+
+import torch
+from torch.optim.adam import adam
+
+from vit.errors import UsageError
+
+
+def optimizers_of(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers behind `optimizer`: itself, or a composite's (`.optimizers`)."""
+    return list(getattr(optimizer, "optimizers", [optimizer]))
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    for each in optimizers_of(optimizer):
+        if not isinstance(each, torch.optim.Adam | torch.optim.Muon):
+            raise UsageError(f"the captured step updates with AdamW or Muon, not {type(each).__name__}")
+        for group in each.param_groups:
+            if not torch.is_tensor(group["lr"]):
+                raise UsageError("the captured step needs each param group's lr as a tensor (tensor_lr)")
+
+
+def init_state(optimizer: torch.optim.Optimizer) -> None:
+    """Each parameter's optimizer state where it has none yet, as the optimizer's first step would
+    make it (zeros; Adam's step count a float32 tensor on the parameter's device, as `capturable`)."""
+    for each in optimizers_of(optimizer):
+        for group in each.param_groups:
+            for p in group["params"]:
+                state = each.state[p]
+                if state:
+                    continue
+                if isinstance(each, torch.optim.Muon):
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                else:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+
+
+def update(optimizer: torch.optim.Optimizer, grads: dict[torch.Tensor, torch.Tensor]) -> None:
+    """`optimizer`'s step with `grads` (by parameter), through torch's functional algorithms on
+    the optimizer's own state and param groups (lr a tensor)."""
+    for each in optimizers_of(optimizer):
+        for group in each.param_groups:
+            params = group["params"]
+            state = [each.state[p] for p in params]
+            if isinstance(each, torch.optim.Muon):
+                from torch.optim._muon import muon
+
+                muon(
+                    params, [grads[p] for p in params], [s["momentum_buffer"] for s in state],
+                    lr=group["lr"], weight_decay=group["weight_decay"], momentum=group["momentum"],
+                    nesterov=group["nesterov"], ns_coefficients=group["ns_coefficients"],
+                    ns_steps=group["ns_steps"], eps=group["eps"], adjust_lr_fn=group["adjust_lr_fn"],
+                    has_complex=False,
+                )  # fmt: skip
+                continue
+            beta1, beta2 = group["betas"]
+            adam(
+                params, [grads[p] for p in params], [s["exp_avg"] for s in state],
+                [s["exp_avg_sq"] for s in state], [], [s["step"] for s in state],
+                foreach=True, capturable=True, differentiable=False, fused=None, grad_scale=None,
+                found_inf=None, has_complex=False, amsgrad=False, beta1=beta1, beta2=beta2,
+                lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                maximize=False, decoupled_weight_decay=group.get("decoupled_weight_decay", False),
+            )  # fmt: skip
+
+
+@contextlib.contextmanager
+def tracing():
+    """Dynamo's settings for tracing the whole step: the backward inside the graph (Dynamo traces
+    `autograd.grad` only with `trace_autograd_ops`), and augmentation's constants, made once a
+    device by `vit.augment`'s `functools.cache` functions eagerly, made inside the graph without
+    Dynamo's warning that it traces through the cache."""
+    with torch._dynamo.config.patch(trace_autograd_ops=True), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Dynamo detected a call to a `functools.lru_cache`")
+        yield
+
+
+class CapturedStep:
+    """One training step of `classifier` on a uint8 batch, compiled whole in `mode` on its first
+    call: `step(images, labels)` returns the loss (on the device, not read back) and the logits.
+    `augment` is the data module's (uint8 batch -> float images and labels); `ema` an
+    `vit.callbacks.EMA` whose average this step updates, or None."""
+
+    def __init__(self, classifier, optimizer, augment, ema=None, mode: str = "default"):
+        check_optimizer(optimizer)
+        self.classifier, self.optimizer, self.augment, self.ema = classifier, optimizer, augment, ema
+        self.params = [p for p in classifier.model.parameters() if p.requires_grad]
+        init_state(optimizer)
+        self.average = None
+        if ema is not None:  # the EMA's tensors: those averaged and the counters it copies
+            averages, _, counters, _ = ema.pairs(classifier)
+            self.average = (averages, counters)
+            # the EMA's step count on the device: the decay's warm-up reads it without a recompile
+            self.ema_step = torch.tensor(float(classifier.trainer.global_step), device=self.params[0].device)
+        self.compiled = torch.compile(self.step, mode=mode, fullgraph=True)
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.augment(images, labels)
+        logits, loss = self.classifier.loss(x, y)
+        grads = torch.autograd.grad(loss, self.params)
+        with torch.no_grad():
+            update(self.optimizer, dict(zip(self.params, grads, strict=True)))
+            if self.average is not None:
+                self.ema_step += 1
+                # the network's tensors read here, not through the detached aliases the EMA
+                # callback keeps: inductor takes those for other tensors and reads them wrong
+                averages, counters = self.average
+                module = self.classifier
+                network = [t.detach() for t in itertools.chain(module.parameters(), module.buffers())]
+                currents = [t for t in network if t.is_floating_point()]
+                counts = [t for t in network if not t.is_floating_point()]
+                self.ema.update((averages, currents, counters, counts), self.ema.weight(self.ema_step))
+        return loss.detach(), logits.detach()
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with tracing():
+            return self.compiled(images, labels)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step changes: weights, buffers, optimizer state, the EMA's average."""
+        module = self.classifier.model
+        found = [*module.parameters(), *module.buffers()]
+        for each in optimizers_of(self.optimizer):
+            found += [t for state in each.state.values() for t in state.values() if torch.is_tensor(t)]
+        if self.average is not None:
+            found += [*self.average[0], *self.average[1], self.ema_step]
+        return found
+
+    @contextlib.contextmanager
+    def undone(self):
+        """Whatever steps run inside leave every tensor a step changes as it was (in place: the
+        same tensors, so a compiled graph's inputs stay where they are)."""
+        tensors = self.tensors()
+        saved = [t.detach().clone() for t in tensors]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, s in zip(tensors, saved, strict=True):
+                    t.copy_(s)
