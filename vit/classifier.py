@@ -17,12 +17,13 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
 from vit.callbacks import EMA, LearningRate, budget_callbacks, logged_step, training_progress
-from vit.cnn import BagCNN, ResNet
+from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
 from vit.model import ViT
 from vit.pretrained import for_finetuning
 from vit.step import CapturedStep
+from vit.teacher import Teacher, load_teacher, train_airbench
 
 
 def adamw(
@@ -243,8 +244,8 @@ class Classifier(L.LightningModule):
         return self.model(x)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The logits of a batch and its loss. y: class indices (N,), or class probabilities
-        (N, classes) from MixUp/CutMix, which cross-entropy takes as they are."""
+        """The logits of images `x` and their loss: cross-entropy with label smoothing against `y`,
+        class indices (N,) or class probabilities (N, classes) from MixUp/CutMix, taken as they are."""
         logits = self(for_the_device(x))
         return logits, F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
 
@@ -367,6 +368,15 @@ class ViTClassifier(Classifier):
     resampled to the data's image size. The architecture is then recorded as `architecture` (a
     `ViTConfig` dict), so a checkpoint rebuilds the model from itself and never fetches the
     source again.
+
+    Distillation (DeiT's hard labels, `vit.teacher`): `teacher` is a classifier checkpoint
+    written by vit-train (a `CNNClassifier`'s .ckpt, read when fitting starts, never saved in this
+    model's checkpoints), or `airbench`: an `AirbenchCNN` trained for `teacher_epochs` epochs
+    when training starts, on the training clock (its seconds count in --trainer.max_time, so the
+    ViT's schedule starts that far along; a resumed run trains it again). Needs `vit.distilled`.
+    The loss is then half the class head's and half the distillation head's against the
+    teacher's answers (`loss`); validation and the checkpoint's model use both heads' mean, as
+    without a teacher. With `compile`, the distilled step's forward (`forward_heads`) runs eagerly.
     """
 
     def __init__(
@@ -381,6 +391,8 @@ class ViTClassifier(Classifier):
         pretrained: str | None = None,  # fine-tune this model (timm:NAME, hf:ID, a vit-export folder)
         weights: str | None = None,  # the pretrained model's weights file: nothing downloaded
         architecture: dict | None = None,  # recorded by fine-tuning: a ViTConfig's fields
+        teacher: str | None = None,  # distill from: a vit-train .ckpt, or "airbench" (trained first)
+        teacher_epochs: int = 10,  # teacher: airbench's training, on the clock (airbench94's ~10)
         **kwargs,
     ):
         if weights is not None and pretrained is None:
@@ -401,6 +413,36 @@ class ViTClassifier(Classifier):
         if model is None:  # a fine-tuned checkpoint's weights come with it
             model = ViT(config if architecture is None else ViTConfig.from_dict(architecture))
         self.model = model
+        if teacher is not None and model.head_dist is None:
+            raise UsageError(f"teacher={teacher} needs vit.distilled: true")
+        require(teacher_epochs >= 1, f"teacher_epochs={teacher_epochs} must be at least 1")
+        self.teacher: Teacher | None = None  # when fitting starts (a Teacher is no registered module)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """With a teacher, in training, DeiT's hard distillation: half the class head's
+        cross-entropy against `y` (with label smoothing), half the distillation head's against the
+        teacher's argmax for the same images; the logits are both heads' mean, as in eval."""
+        if self.teacher is None or not self.training:
+            return super().loss(x, y)
+        x = for_the_device(x)
+        logits, distilled = self.model.forward_heads(self.model.forward_features(x))
+        labels = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        answers = F.cross_entropy(distilled, self.teacher(x))
+        return (logits + distilled) / 2, (labels + answers) / 2
+
+    def on_fit_start(self) -> None:
+        # the teacher first: a captured step (compiled in Classifier.on_fit_start) includes it
+        if self.hparams.teacher not in (None, "airbench"):
+            self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes).to(self.device)
+        super().on_fit_start()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.hparams.teacher == "airbench":
+            # on the training clock: Lightning's Timer starts in its on_train_start, which the fit
+            # loop calls before this module's (lightning/pytorch/loops/fit_loop.py, on_run_start)
+            hp = self.hparams
+            self.teacher = train_airbench(self.trainer, hp.num_classes, hp.in_channels, hp.teacher_epochs)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         start, end = self.model.config.patch_dropout, self.hparams.patch_dropout_end
@@ -414,15 +456,18 @@ class ViTClassifier(Classifier):
 class CNNClassifier(Classifier):
     """The convolutional baselines of `vit.cnn`: `arch: bag` (local features with a
     `receptive_field`, then global average pooling; or `depth` 3x3 layers, with `downsample`
-    every other one of stride 2, and `mlp_head` a hidden layer after pooling) or `arch: resnet`
-    (covers the image)."""
+    every other one of stride 2, and `mlp_head` a hidden layer after pooling), `arch: resnet`
+    (covers the image) or `arch: airbench` (airbench94's network, `AirbenchCNN`: blocks of
+    `width`, 4 * `width`, 4 * `width` channels, airbench's 64, 256, 256 by default; its own
+    zero padding and no other option; trained here by this module's recipe, its stem learned, not
+    whitened as airbench's is)."""
 
     def __init__(
         self,
         num_classes: int = 10,
         image_size: int | tuple[int, int] = 32,  # linked from the data; convolutions take any size
         in_channels: int = 3,
-        arch: Literal["bag", "resnet"] = "bag",
+        arch: Literal["bag", "resnet", "airbench"] = "bag",
         receptive_field: int = 7,
         width: int = 64,
         padding: Literal["circular", "zeros", "valid"] = "circular",
@@ -443,5 +488,7 @@ class CNNClassifier(Classifier):
             self.model = ResNet(
                 num_classes, in_channels, widths=(width // 4, width // 2, width), padding=padding
             )
+        elif arch == "airbench":
+            self.model = AirbenchCNN(num_classes, in_channels, widths=(width, 4 * width, 4 * width))
         else:
-            raise UsageError(f"arch must be 'bag' or 'resnet', got {arch!r}")
+            raise UsageError(f"arch must be 'bag', 'resnet' or 'airbench', got {arch!r}")

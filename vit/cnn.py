@@ -5,6 +5,8 @@ global average pooling: a bag of local features (as in BagNet, Brendel & Bethge 
 only relate two circles that one receptive field covers. With `downsample`, every other 3x3
 convolution has stride 2, so the field grows geometrically with depth instead of by 2 pixels.
 `ResNet`: a small ResNet (He et al. 2016) whose receptive field covers the whole image.
+`AirbenchCNN`: the network of Keller Jordan's airbench94, a fast CIFAR-10 CNN, here a teacher for
+the ViT's distillation token (`vit.teacher`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from vit.errors import require
@@ -109,6 +113,73 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+def airbench_conv(c_in: int, c_out: int) -> nn.Conv2d:
+    """airbench's 3x3 convolution: zero padding, no bias, its first `c_in` filters starting as the
+    identity (Dirac)."""
+    conv = nn.Conv2d(c_in, c_out, 3, padding="same", bias=False)
+    nn.init.dirac_(conv.weight.data[:c_in])
+    return conv
+
+
+def airbench_norm(channels: int) -> nn.BatchNorm2d:
+    """airbench's BatchNorm: statistics moving fast (its momentum 0.6 is PyTorch's 0.4), a scale
+    fixed at 1: only the bias learns."""
+    norm = nn.BatchNorm2d(channels, eps=1e-12, momentum=0.4)
+    norm.weight.requires_grad_(False)
+    return norm
+
+
+class AirbenchBlock(nn.Sequential):
+    """airbench's ConvGroup: conv, max-pool 2, BN, GELU, conv, BN, GELU (half the size out)."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(
+            airbench_conv(c_in, c_out), nn.MaxPool2d(2), airbench_norm(c_out), nn.GELU(),
+            airbench_conv(c_out, c_out), airbench_norm(c_out), nn.GELU(),
+        )  # fmt: skip
+
+
+class AirbenchCNN(nn.Module):
+    """Keller Jordan's airbench94 network (github.com/KellerJordan/cifar10-airbench,
+    legacy/airbench94.py, `make_net`; airbench/lib_airbench94.py `make_net94`): a 2x2 convolution
+    without padding (24 channels for RGB: each of the 12 directions of a 2x2x3 patch and its
+    negative) then GELU, three `AirbenchBlock`s of `widths` (airbench's 64, 256, 256), a global
+    max-pool and a linear head without bias whose logits are scaled by 1/9. 32x32 images become
+    maps of 31, 15, 7 and 3 pixels.
+
+    airbench sets the stem from the data and freezes it (`whiten`); until `whiten` is called the
+    stem is an ordinary convolution that learns. Left out here: airbench's fp16 weights (the
+    trainer's precision decides), its Lookahead and its test-time augmentation."""
+
+    def __init__(self, num_classes: int, in_channels: int = 3, widths: tuple[int, int, int] = (64, 256, 256)):
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 2 * in_channels * 2 * 2, kernel_size=2, bias=True)
+        c_in = (self.stem.out_channels, *widths[:-1])
+        self.blocks = nn.Sequential(*(AirbenchBlock(a, b) for a, b in zip(c_in, widths, strict=True)))
+        self.head = nn.Linear(widths[-1], num_classes, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(F.gelu(self.stem(x)))
+        return self.head(x.amax(dim=(2, 3))) / 9  # global max-pool; airbench's scaling_factor 1/9
+
+    @torch.no_grad()
+    def whiten(self, images: torch.Tensor, eps: float = 5e-4) -> None:
+        """Set the stem from `images` (float (N, C, H, W), training images) and freeze its weights,
+        as airbench's `init_whitening_conv` does: the filters are the eigenvectors of the 2x2
+        patches' covariance, each divided by sqrt(eigenvalue + eps), and their negatives. airbench's
+        images are normalised; these are in [0, 1], so the patches are centred first and the bias
+        subtracts the mean patch (airbench trains the bias for 3 epochs; `vit.teacher` does too)."""
+        h, w = self.stem.kernel_size
+        patches = rearrange(images.float().unfold(2, h, 1).unfold(3, w, 1), "n c y x h w -> (n y x) (c h w)")
+        mean = patches.mean(dim=0)
+        eigenvalues, eigenvectors = torch.linalg.eigh(torch.cov(patches.T))  # ascending
+        filters = (eigenvectors / (eigenvalues + eps).sqrt()).T.flip(0)  # one a row, largest first
+        weight = torch.cat((filters, -filters))
+        self.stem.weight.copy_(weight.view_as(self.stem.weight))
+        self.stem.bias.copy_(-weight @ mean)
+        self.stem.weight.requires_grad_(False)
 
 
 def receptive_field_of(model: nn.Module) -> int:

@@ -266,12 +266,17 @@ class ViT(nn.Module):
             x = block(x, mask=mask if bias is None else bias if mask is None else bias + mask)
         return self.norm(x)
 
-    def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward_heads(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The class head's logits and the distillation head's (None without a distillation
+        token): DeiT trains each against its own target (`ViTClassifier`'s `teacher`)."""
         pooled = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(1)
         logits = self.head(self.fc_norm(pooled))
-        if self.head_dist is not None:  # DeiT at inference: the mean of its two heads
-            logits = (logits + self.head_dist(tokens[:, 1])) / 2
-        return logits
+        return logits, None if self.head_dist is None else self.head_dist(tokens[:, 1])
+
+    def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits, distilled = self.forward_heads(tokens)
+        # DeiT at inference: the mean of its two heads
+        return logits if distilled is None else (logits + distilled) / 2
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward_head(self.forward_features(x, mask=mask))
