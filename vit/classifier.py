@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Literal
 
@@ -20,7 +20,10 @@ from vit.callbacks import LearningRate, budget_callbacks, logged_step, training_
 from vit.cnn import BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
+from vit.layers import whiten_
 from vit.model import ViT
+from vit.optim import Combined, block_matrices
+from vit.preparation import to_float
 from vit.pretrained import for_finetuning
 
 
@@ -30,9 +33,11 @@ def adamw(
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.999),
     layer_decay: float | None = None,
+    exclude: Collection[str] = (),
 ) -> torch.optim.AdamW:
     """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`,
-    fused on a GPU and multi-tensor (foreach) elsewhere.
+    fused on a GPU and multi-tensor (foreach) elsewhere, for the parameters not named in
+    `exclude` (another optimizer's).
     With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of depth D + 2
     learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest (BEiT's
     layer-wise decay, for fine-tuning)."""
@@ -40,7 +45,7 @@ def adamw(
     top = len(model.blocks) + 1 if layer_decay is not None else 0
     groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or name in exclude:
             continue
         # biases and norm weights are 1-D (a learned attention temperature 0-D); embeddings and
         # the class token are named
@@ -108,6 +113,7 @@ def for_the_device(images: torch.Tensor) -> torch.Tensor:
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+WHITEN_SAMPLE = 5000  # training images whose patches whiten_stem measures (airbench's number)
 
 
 def compile_now(classifier: Classifier) -> None:
@@ -148,7 +154,8 @@ def compile_now(classifier: Classifier) -> None:
 
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
-    metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then a cosine
+    metrics, AdamW without decay on biases, norms and embeddings (with `optimizer: muon`, Muon on
+    a ViT's block matrices beside it: `vit.optim`), linear warm-up then a cosine
     (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
     whichever ends first. `compile: true` (or a mode) trains through `torch.compile`, compiled before the
     training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
@@ -168,6 +175,10 @@ class Classifier(L.LightningModule):
         # reduce-overhead replays CUDA graphs, for small kernels on a GPU
         compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
         layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
+        # muon: Muon on the weight matrices of a ViT's blocks, AdamW on the rest (`vit.optim`)
+        optimizer: Literal["adamw", "muon"] = "adamw",
+        muon_lr: float = 0.02,  # Muon's peak lr (Keller Jordan's default), scheduled as lr is
+        muon_momentum: float = 0.95,  # Nesterov momentum of the updates Muon orthogonalises
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -178,6 +189,10 @@ class Classifier(L.LightningModule):
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
         require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
+        require(optimizer in ("adamw", "muon"), f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
+        require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
+        require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
+        require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
         require(
             compile in (False, True, *COMPILE_MODES),
             f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
@@ -259,7 +274,16 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
+        if hp.optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
+            matrices = block_matrices(self.model)
+            require(bool(matrices), "optimizer=muon needs a model with transformer blocks (a ViT)")
+            muon = torch.optim.Muon(
+                matrices.values(), lr=hp.muon_lr, momentum=hp.muon_momentum, weight_decay=hp.weight_decay
+            )
+            rest = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, exclude=matrices)
+            optimizer = Combined([muon, rest])
+        else:
+            optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)
@@ -294,6 +318,7 @@ class ViTClassifier(Classifier):
         # PatchDropout's share at the end of training, linear from vit.patch_dropout over the
         # schedule (steps or time budget); None: vit.patch_dropout throughout
         patch_dropout_end: float | None = None,
+        whiten_stem: bool = False,  # at fit start, the conv stem's first layer whitens the images' patches
         pretrained: str | None = None,  # fine-tune this model (timm:NAME, hf:ID, a vit-export folder)
         weights: str | None = None,  # the pretrained model's weights file: nothing downloaded
         architecture: dict | None = None,  # recorded by fine-tuning: a ViTConfig's fields
@@ -317,6 +342,24 @@ class ViTClassifier(Classifier):
         if model is None:  # a fine-tuned checkpoint's weights come with it
             model = ViT(config if architecture is None else ViTConfig.from_dict(architecture))
         self.model = model
+        require(not whiten_stem or model.config.conv_stem, "whiten_stem needs a conv stem (vit.conv_stem)")
+
+    def on_fit_start(self) -> None:
+        if self.hparams.whiten_stem and self.trainer.ckpt_path is None:  # a resumed run has its weights
+            self.whiten_stem()
+        super().on_fit_start()
+
+    def whiten_stem(self) -> None:
+        """airbench's whitening initialisation (`vit.layers.whiten_`) of the stem's first
+        convolution, from up to WHITEN_SAMPLE training images spread over the train split."""
+        datamodule = self.trainer.datamodule
+        train = datamodule.split("train") if hasattr(datamodule, "split") else None
+        images = getattr(train, "images", None)
+        require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
+        images = to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
+        if self.model.mean is not None:  # as the stem sees them
+            images = (images - self.model.mean) / self.model.std
+        whiten_(self.model.stem[0], images)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         start, end = self.model.config.patch_dropout, self.hparams.patch_dropout_end
@@ -349,6 +392,8 @@ class CNNClassifier(Classifier):
     ):
         if kwargs.get("layer_decay") is not None:
             raise UsageError("layer_decay needs a ViT (its blocks are the layers); CNNClassifier has none")
+        if kwargs.get("optimizer") == "muon":
+            raise UsageError("optimizer=muon needs a ViT (Muon takes its blocks); CNNClassifier has none")
         super().__init__(num_classes, **kwargs)
         if arch == "bag":
             self.model = BagCNN(
