@@ -117,7 +117,8 @@ class WouldWait(TorchDispatchMode):
 
 def training_tensors(trainer) -> list[torch.Tensor]:
     """What a fit on a GPU keeps there: the module's weights and buffers (metrics' states among
-    them), the optimizers' states, the data module's splits and an EMA's average."""
+    them), the optimizers' states, the data module's splits (and alternating flips' draw) and an
+    EMA's average."""
     module, data = trainer.lightning_module, trainer.datamodule
     tensors = [*module.parameters(), *module.buffers()]
     tensors += [
@@ -127,6 +128,7 @@ def training_tensors(trainer) -> list[torch.Tensor]:
         tensors += [v for state in optimizer.state.values() for k, v in state.items() if k != "step"]
     for split in getattr(data, "splits", {}).values():
         tensors += [split.images, split.labels]
+    tensors.append(getattr(data, "mirrored", None))  # alternating flips' draw
     for callback in trainer.callbacks:
         average = getattr(callback, "_average_model", None)
         if average is not None:

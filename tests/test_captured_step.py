@@ -16,7 +16,7 @@ from vit import ViTClassifier, ViTConfig
 from vit.callbacks import EMA
 from vit.datamodules import CIFAR10
 from vit.errors import UsageError
-from vit.step import tracing
+from vit.step import init_state, tracing, update
 
 VIT = ViTConfig(
     preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1], drop_path=0.1, pool="mean"
@@ -50,14 +50,14 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         if name.endswith("qkv.bias"):  # the key bias's gradient is rounding noise (softmax ignores
             x, y = x.view(3, -1)[[0, 2]], y.view(3, -1)[[0, 2]]  # it), which Adam scales up
-        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def fit(tmp_path, steps: int, capture: bool, policy: str = "trivial", ema: bool = True, vit=VIT, **data):
+def fit(tmp_path, steps, capture: bool, policy="trivial", ema=True, vit=VIT, model_args=None, **data):
     L.seed_everything(0)
     root = fake_cifar10(tmp_path / "data", per_class=12)
     datamodule = CIFAR10(root=str(root), val_size=16, batch_size=16, policy=policy, **data)
-    model = ViTClassifier(vit=vit, decay="linear", compile=capture, capture_step=capture)
+    model = ViTClassifier(vit=vit, decay="linear", compile=capture, capture_step=capture, **(model_args or {}))
     trainer = L.Trainer(
         accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -69,9 +69,13 @@ def fit(tmp_path, steps: int, capture: bool, policy: str = "trivial", ema: bool 
     return model, trainer
 
 
-@pytest.mark.parametrize("policy", ["trivial", "randaugment", "none"])
-def test_the_whole_step_is_one_graph(tmp_path, counted, policy):
-    model, _ = fit(tmp_path, 1, capture=True, policy=policy)
+@pytest.mark.parametrize(
+    "policy, model_args",
+    [("trivial", {}), ("randaugment", {}), ("none", {}), ("trivial", {"optimizer": "muon"})],
+    ids=["trivial", "randaugment", "none", "muon"],
+)
+def test_the_whole_step_is_one_graph(tmp_path, counted, policy, model_args):
+    model, _ = fit(tmp_path, 1, capture=True, policy=policy, model_args=model_args)
     step = model.captured
     images = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
     labels = torch.randint(0, 10, (16,))
@@ -98,12 +102,20 @@ def test_a_new_learning_rate_or_new_draws_recompile_nothing(tmp_path, counted):
     assert len(lrs) == 1 and 0 < lrs.pop() < 1e-3  # decayed
 
 
-def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted):
-    """Same seed, same data, six steps each: the same weights, EMA average and optimizer state.
-    The captured step's draws come in the eager step's order (augmentation, then drop path)."""
-    captured, captured_trainer = fit(tmp_path / "a", 6, capture=True)
-    eager, eager_trainer = fit(tmp_path / "b", 6, capture=False)
-    assert captured_trainer.global_step == eager_trainer.global_step == 6
+LEVERS = {"adamw": ({}, {}), "alternate_flips": ({}, {"flip": "alternate"})}
+
+
+@pytest.mark.parametrize("lever", LEVERS)
+def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
+    """Same seed, same data, 18 steps each (two epochs and a half): the same weights, EMA average
+    and optimizer state. The captured step's draws come in the eager step's order
+    (augmentation, then drop path). With alternating flips too, whose parity changes each epoch.
+    Adam divides by sqrt(v) + eps, so rounding differences of 1e-7 grow to 1e-6 in 18 steps."""
+    model_args, data = LEVERS[lever]
+    captured, captured_trainer = fit(tmp_path / "a", 18, capture=True, model_args=model_args, **data)
+    eager, eager_trainer = fit(tmp_path / "b", 18, capture=False, model_args=model_args, **data)
+    assert captured_trainer.global_step == eager_trainer.global_step == 18
+    assert counted.graphs == 1  # over three epochs (alternating flips read the epoch's parity)
     start = ViTClassifier(vit=VIT).model.state_dict()  # weights that moved prove the steps ran
     assert_same_weights(captured.model, eager.model)
     weights = captured.model.state_dict()
@@ -114,9 +126,10 @@ def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted):
     states = [trainer.optimizers[0].state_dict()["state"] for trainer in (captured_trainer, eager_trainer)]
     assert states[0].keys() == states[1].keys()
     for key, state in states[1].items():
-        assert float(states[0][key]["step"]) == float(state["step"]) == 6
-        for name in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(states[0][key][name], state[name], atol=1e-6, rtol=1e-4)
+        assert states[0][key].keys() == state.keys()
+        for name, value in state.items():
+            # the moments of the stem's gradients drift by up to 0.5% of an element in 18 steps
+            assert (states[0][key][name] - value).norm() <= 1e-3 * value.norm(), (key, name)
 
 
 def test_the_warm_up_before_the_clock_changes_nothing(tmp_path, counted):
@@ -159,3 +172,30 @@ def test_inductor_compiles_the_step_that_trains_as_the_eager_step(tmp_path):
         captured, _ = fit(tmp_path / "a", 4, capture=True, policy="none", vit=vit)
     eager, _ = fit(tmp_path / "b", 4, capture=False, policy="none", vit=vit)
     assert_same_weights(captured.model, eager.model)
+
+
+def test_muon_steps_in_the_graph_as_torch_muon_up_to_bf16_rounding_of_its_update(counted):
+    """Muon's functional update traced whole: one graph, and the weights torch.optim.Muon's eager
+    step gives. Not bit for bit: with the lr a tensor, Dynamo fuses `add_(update, alpha=-lr)`
+    into one multiply-add whose product keeps the dtype of Muon's bf16 orthogonalised update,
+    so each update is rounded to bf16 (a relative 2^-8) where eager adds it in fp32."""
+    torch.manual_seed(0)
+    start = torch.randn(32, 16)
+    grads = [torch.randn(32, 16) for _ in range(3)]
+    eager, captured = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    reference = torch.optim.Muon([eager], lr=0.02, weight_decay=0.05)
+    optimizer = torch.optim.Muon([captured], lr=torch.tensor(0.02), weight_decay=0.05)
+    init_state(optimizer)
+    step = torch.compile(lambda g: update(optimizer, {captured: g}), fullgraph=True)
+    for grad in grads:
+        eager.grad = grad.clone()
+        reference.step()
+        before = captured.detach().clone()
+        with torch.no_grad(), tracing():
+            step(grad.clone())
+        moved = (captured - before).abs().max()
+        assert moved > 0.01  # an update of lr * sqrt(32 / 16) per element, roughly
+        torch.testing.assert_close(captured.detach(), eager.detach(), atol=float(moved) * 2**-7, rtol=0)
+    assert counted.graphs == 1
+    momentum = optimizer.state[captured]["momentum_buffer"]
+    torch.testing.assert_close(momentum, reference.state[eager]["momentum_buffer"])

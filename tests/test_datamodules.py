@@ -301,6 +301,47 @@ def test_batched_augmentation_keeps_shapes_and_labels(tmp_path, policy):
         assert torch.isclose(flat.amax(1), levels[:, 0]).all()
 
 
+def test_alternating_flips_mirror_each_image_in_exactly_one_of_two_epochs(tmp_path):
+    """`flip: alternate` (airbench94's): the training loader's batches, augmented as a trainer in
+    epoch 0, 1 and 2 gets them, mirror each image in exactly one of two consecutive epochs (some
+    in the first, some in the second), epoch 2 as epoch 0; a data module built again (a resumed
+    run) mirrors the same images. Streaming, which has no index, refuses it in one line."""
+    from types import SimpleNamespace
+
+    from lab.cifar10_pack import fake_cifar10
+    from vit.streaming import StreamingImages
+
+    root = fake_cifar10(tmp_path / "data", per_class=4)  # random pixels: no image is its own mirror
+    data = CIFAR10(root=str(root), val_size=8, batch_size=8, crop_padding=0, flip="alternate")
+    data.setup("fit")
+    loader, train = data.train_dataloader(), data.split("train").images.float() / 255
+    data.trainer = SimpleNamespace(training=True, current_epoch=0)
+    mirrored = []
+    for epoch in range(3):
+        data.trainer.current_epoch = epoch
+        seen = torch.zeros(len(train), dtype=torch.bool)
+        flipped = torch.zeros(len(train), dtype=torch.bool)
+        for batch in loader:
+            images, _, indices = batch
+            x, _ = data.on_after_batch_transfer(batch, 0)
+            as_is = (x == train[indices]).flatten(1).all(1)
+            mirror = (x == train[indices].flip(-1)).flatten(1).all(1)
+            assert (as_is ^ mirror).all()
+            seen[indices], flipped[indices] = True, mirror
+        assert seen.all()
+        mirrored.append(flipped)
+    assert torch.equal(mirrored[0], ~mirrored[1]) and torch.equal(mirrored[2], mirrored[0])
+    assert 0 < mirrored[0].sum() < len(train)
+    again = CIFAR10(root=str(root), val_size=8, batch_size=8, crop_padding=0, flip="alternate")
+    again.setup("fit")
+    again.train_dataloader()
+    assert torch.equal(again.mirrored, data.mirrored)
+    with pytest.raises(UsageError, match="flip=alternate needs image indices; streaming has none"):
+        StreamingImages(str(tmp_path / "chunks"), flip="alternate")
+    with pytest.raises(UsageError, match="flip='sometimes' must be true, false or 'alternate'"):
+        CIFAR10(root=str(root), flip="sometimes")
+
+
 @pytest.mark.parametrize(
     "mix", [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}, {"mixup_alpha": 0.2, "cutmix_alpha": 1.0}]
 )

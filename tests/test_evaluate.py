@@ -74,12 +74,36 @@ def test_data_options_choose_another_test_set(trained_checkpoint, tmp_path):
     )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["data_overrides"] == {"test_split": "far", "num_test": 40} and metrics["tta"] is True
+    assert metrics["tta_level"] == "flip"
     assert metrics["data"]["test_split"] == "far" and metrics["num_images"] == 40
     assert parse_data_options(["separation=[12, 15]", "wrap=false", "root=/a b"]) == {
         "separation": [12, 15],
         "wrap": False,
         "root": "/a b",
     }
+
+
+def test_translation_tta_is_its_own_option_beside_the_flip(trained_checkpoint, trained, tmp_path, capsys):
+    """--tta_translate (or --tta-translate) measures with airbench's six views: what
+    `predict_probabilities(tta="flip-translate")` gives; the table and metrics.json say so."""
+    from vit.metrics import predict_probabilities
+
+    model, data = trained
+    metrics = evaluate(EvalOptions(ckpt=trained_checkpoint, tta_translate=True), progress=False)
+    assert metrics["tta"] is True and metrics["tta_level"] == "flip-translate"
+    assert "flip and translate TTA" in capsys.readouterr().out
+    images, labels = data.splits["test"].images, data.splits["test"].labels
+    top1 = (predict_probabilities(model, images, tta="flip-translate").argmax(1) == labels).float().mean()
+    assert metrics["top1"] == pytest.approx(float(top1), abs=1e-6)
+    run("--ckpt", trained_checkpoint, "--tta-translate", "--out", tmp_path / "eval")
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["tta_level"] == "flip-translate"
+    picture = tmp_path / "a.png"
+    Image.fromarray((images[0, 0] * 255).round().to(torch.uint8).numpy()).save(picture)
+    capsys.readouterr()
+    run("predict", "--ckpt", trained_checkpoint, picture, "--tta_translate", "--top_k", "1")
+    [result] = json.loads(capsys.readouterr().out)
+    expected = predict_probabilities(model, images[:1], tta="flip-translate")[0].max()
+    assert result["top_k"][0]["probability"] == pytest.approx(float(expected), abs=1e-3)
 
 
 def test_validation_split_and_a_cnn_checkpoint(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """The figures of vit-eval (`vit.metrics`): calibration error by hand and by torchmetrics, top-5,
-flip averaging, and a split of bytes measured as the model sees it."""
+flip and translation averaging, and a split of bytes measured as the model sees it."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ from torchmetrics.functional.classification import multiclass_calibration_error
 
 from vit import TwoCircles
 from vit.datamodules import InMemory
+from vit.errors import UsageError
 from vit.metrics import (
     classification_metrics,
     collect_probabilities,
@@ -60,6 +61,46 @@ def test_flip_averaging_leaves_a_mirror_symmetric_image_alone(trained):
     torch.testing.assert_close(
         predict_probabilities(model, images, tta=True), (predict_probabilities(model, images) + flipped) / 2
     )
+
+
+class OnePixel(torch.nn.Module):
+    """Two classes, the first with probability the pixel at (row, column): what each view of an
+    image (mirrored, moved) gives is known."""
+
+    def __init__(self, row: int, column: int):
+        super().__init__()
+        self.row, self.column = row, column
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = x[:, 0, self.row, self.column]
+        return torch.stack([p.log(), (1 - p).log()], dim=-1)
+
+
+@pytest.mark.parametrize(
+    "pixel, views",
+    [
+        # the image and its mirror 1/4 each; moved down-right and up-left, each and its mirror, 1/8
+        ((1, 1), {(1, 1): 1 / 4, (1, 2): 1 / 4, (0, 0): 1 / 8, (0, 1): 1 / 8, (2, 2): 1 / 8, (2, 3): 1 / 8}),
+        # in the corner the moved images reflect the border: row -1 is row 1, column 4 column 2
+        ((0, 0), {(0, 0): 1 / 4, (0, 3): 1 / 4, (1, 1): 2 / 8, (1, 2): 2 / 8}),
+    ],
+)
+def test_translation_tta_weighs_six_views_as_airbench(pixel, views):
+    images = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    model = OnePixel(*pixel)
+    expected = sum(weight * images[:, 0, r, c] for (r, c), weight in views.items())
+    got = predict_probabilities(model, images, tta="flip-translate")
+    torch.testing.assert_close(got[:, 0], expected.float())
+    torch.testing.assert_close(got.sum(1), torch.ones(3))
+    flip = (images[:, 0, pixel[0], pixel[1]] + images[:, 0, pixel[0], 3 - pixel[1]]) / 2
+    for level in (True, "flip"):
+        torch.testing.assert_close(predict_probabilities(model, images, tta=level)[:, 0], flip.float())
+    for level in (False, "none"):
+        torch.testing.assert_close(
+            predict_probabilities(model, images, tta=level)[:, 0], images[:, 0, pixel[0], pixel[1]].float()
+        )
+    with pytest.raises(UsageError, match="tta='rotate' must be one of none, flip, flip-translate"):
+        predict_probabilities(model, images, tta="rotate")
 
 
 class Uint8TwoCircles(TwoCircles):

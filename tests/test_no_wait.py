@@ -64,14 +64,16 @@ class WatchSteps(Callback):
             self.watch.__exit__(None, None, None)
 
 
-@pytest.mark.parametrize("policy", ["trivial", "randaugment"])
-def test_training_steps_of_the_gpu_recipe_would_not_wait_for_a_gpu(tmp_path, policy):
+@pytest.mark.parametrize(
+    "policy, flip, levers",  # the second with airbench's levers: alternating flips, whitening, Muon
+    [("trivial", True, {}), ("randaugment", "alternate", {"optimizer": "muon", "whiten_stem": True})],
+)
+def test_training_steps_of_the_gpu_recipe_would_not_wait_for_a_gpu(tmp_path, policy, flip, levers):
     root = fake_cifar10(tmp_path / "data", per_class=24)
-    data = CIFAR10(
-        root=str(root), val_size=16, batch_size=16, policy=policy, mixup_alpha=0.8, cutmix_alpha=1.0
-    )
+    mixing = dict(mixup_alpha=0.8, cutmix_alpha=1.0)
+    data = CIFAR10(root=str(root), val_size=16, batch_size=16, policy=policy, flip=flip, **mixing)
     vit = ViTConfig(preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1], drop_path=0.1)
-    model = ViTClassifier(vit=vit, decay="linear")
+    model = ViTClassifier(vit=vit, decay="linear", **levers)
     watch = WatchSteps()
     trainer = L.Trainer(
         accelerator="cpu", precision="bf16-mixed", max_steps=12, log_every_n_steps=50,

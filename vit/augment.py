@@ -33,10 +33,11 @@ SIGNED = OPS[1:10]  # ShearX to Sharpness: a range of indices, so a draw tests i
 BINS = 31  # magnitude bins, as torchvision's
 
 
-def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
+def random_crop_flip(images: torch.Tensor, padding: int, flip: bool | torch.Tensor) -> torch.Tensor:
     """Per-sample random crops of the zero-padded images and per-sample horizontal flips, as one
     gather: sample i reads rows dy_i + (0..H-1) and columns dx_i + (0..W-1), the columns
-    reversed when it is mirrored. (B, C, H, W) of any dtype, on any device."""
+    reversed when it is mirrored: at random with `flip` True, where a (B,) bool tensor `flip` says
+    (alternating flips). (B, C, H, W) of any dtype, on any device."""
     b, c, h, w = images.shape
     device = images.device
     padded = F.pad(images, (padding,) * 4) if padding else images
@@ -44,7 +45,9 @@ def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Te
     dx = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
     rows = dy + torch.arange(h, device=device)  # (B, H)
     cols = dx + torch.arange(w, device=device)  # (B, W)
-    if flip:
+    if torch.is_tensor(flip):
+        cols = torch.where(flip[:, None], cols.flip(1), cols)
+    elif flip:
         mirrored = torch.rand(b, 1, device=device) < 0.5
         cols = torch.where(mirrored, cols.flip(1), cols)
     batch = torch.arange(b, device=device)[:, None, None, None]

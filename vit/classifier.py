@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Literal
 
@@ -20,7 +20,10 @@ from vit.callbacks import EMA, LearningRate, budget_callbacks, logged_step, trai
 from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
+from vit.layers import whiten_
 from vit.model import ViT
+from vit.optim import Combined, block_matrices
+from vit.preparation import to_float
 from vit.pretrained import for_finetuning
 from vit.step import CapturedStep
 from vit.teacher import Teacher, load_teacher, train_airbench
@@ -33,9 +36,11 @@ def adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     layer_decay: float | None = None,
     tensor_lr: bool = False,
+    exclude: Collection[str] = (),
 ) -> torch.optim.AdamW:
     """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`,
-    fused on a GPU and multi-tensor (foreach) elsewhere.
+    fused on a GPU and multi-tensor (foreach) elsewhere, for the parameters not named in
+    `exclude` (another optimizer's).
     With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of depth D + 2
     learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest (BEiT's
     layer-wise decay, for fine-tuning). With `tensor_lr`, each group's learning rate is a tensor on
@@ -45,7 +50,7 @@ def adamw(
     top = len(model.blocks) + 1 if layer_decay is not None else 0
     groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or name in exclude:
             continue
         # biases and norm weights are 1-D (a learned attention temperature 0-D); embeddings and
         # the class token are named
@@ -120,11 +125,12 @@ def for_the_device(images: torch.Tensor) -> torch.Tensor:
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+WHITEN_SAMPLE = 5000  # training images whose patches whiten_stem measures (airbench's number)
 
 
 def capture(classifier: Classifier, mode: str) -> CapturedStep:
     """The classifier's captured training step (`vit.step`), compiled here, before the training
-    clock starts, on a random batch whose step is undone (weights, buffers, optimizer state, the
+    clock starts, on a batch whose step is undone (weights, buffers, optimizer state, the
     EMA's average and the random state as they were)."""
     trainer, datamodule = classifier.trainer, classifier.trainer.datamodule
     if trainer.world_size > 1:
@@ -140,13 +146,13 @@ def capture(classifier: Classifier, mode: str) -> CapturedStep:
     # called; the captured step updates before each scheduler step
     optimizer._opt_called = True
     start = time.perf_counter()
-    shape = (datamodule.batch_size, *datamodule.split("train").images.shape[1:])
+    # the first batch as the training loader makes it (images, labels and what else it carries)
+    first = datamodule.training_data().__getitems__(range(datamodule.batch_size))
+    batch = [t.to(classifier.device) for t in first]
     devices = [classifier.device] if classifier.device.type == "cuda" else []
     with torch.random.fork_rng(devices), step.undone(), trainer.precision_plugin.train_step_context():
-        images = torch.randint(0, 256, shape, dtype=torch.uint8, device=classifier.device)
-        labels = torch.randint(0, classifier.hparams.num_classes, shape[:1], device=classifier.device)
         for _ in range(3):  # CUDA graphs record at the second call and replay from the third
-            step(images, labels)
+            step(*batch)
     seconds = time.perf_counter() - start
     print(f"captured the training step in {seconds:.1f} s, before the training clock starts")
     if classifier.logger is not None:
@@ -194,7 +200,8 @@ def compile_now(classifier: Classifier) -> None:
 
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
-    metrics, AdamW without decay on biases, norms and embeddings, linear warm-up then a cosine
+    metrics, AdamW without decay on biases, norms and embeddings (with `optimizer: muon`, Muon on
+    a ViT's block matrices beside it: `vit.optim`), linear warm-up then a cosine
     (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
     whichever ends first. `compile: true` (or a mode) trains through `torch.compile`, compiled before the
     training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
@@ -217,6 +224,10 @@ class Classifier(L.LightningModule):
         # the whole training step (augmentation, forward, backward, optimizer, EMA) as one graph,
         # compiled in `compile`'s mode: no kernel launched from Python (vit.step)
         capture_step: bool = False,
+        # muon: Muon on the weight matrices of a ViT's blocks, AdamW on the rest (`vit.optim`)
+        optimizer: Literal["adamw", "muon"] = "adamw",
+        muon_lr: float = 0.02,  # Muon's peak lr (Keller Jordan's default), scheduled as lr is
+        muon_momentum: float = 0.95,  # Nesterov momentum of the updates Muon orthogonalises
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -227,6 +238,10 @@ class Classifier(L.LightningModule):
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
         require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
+        require(optimizer in ("adamw", "muon"), f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
+        require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
+        require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
+        require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
         require(
             compile in (False, True, *COMPILE_MODES),
             f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
@@ -343,8 +358,19 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        captured = hp.get("capture_step", False)
-        optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, hp.layer_decay, tensor_lr=captured)
+        captured = hp.get("capture_step", False)  # the lr a tensor, which a compiled step reads
+        if hp.optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
+            matrices = block_matrices(self.model)
+            require(bool(matrices), "optimizer=muon needs a model with transformer blocks (a ViT)")
+            muon_lr = torch.tensor(hp.muon_lr, device=self.device) if captured else hp.muon_lr
+            muon = torch.optim.Muon(
+                matrices.values(), lr=muon_lr, momentum=hp.muon_momentum, weight_decay=hp.weight_decay
+            )
+            rest = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, exclude=matrices, tensor_lr=captured)
+            optimizer = Combined([muon, rest])
+        else:
+            decay = hp.layer_decay
+            optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, decay, tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)
@@ -388,6 +414,7 @@ class ViTClassifier(Classifier):
         # PatchDropout's share at the end of training, linear from vit.patch_dropout over the
         # schedule (steps or time budget); None: vit.patch_dropout throughout
         patch_dropout_end: float | None = None,
+        whiten_stem: bool = False,  # at fit start, the conv stem's first layer whitens the images' patches
         pretrained: str | None = None,  # fine-tune this model (timm:NAME, hf:ID, a vit-export folder)
         weights: str | None = None,  # the pretrained model's weights file: nothing downloaded
         architecture: dict | None = None,  # recorded by fine-tuning: a ViTConfig's fields
@@ -416,6 +443,7 @@ class ViTClassifier(Classifier):
         if teacher is not None and model.head_dist is None:
             raise UsageError(f"teacher={teacher} needs vit.distilled: true")
         require(teacher_epochs >= 1, f"teacher_epochs={teacher_epochs} must be at least 1")
+        require(not whiten_stem or model.config.conv_stem, "whiten_stem needs a conv stem (vit.conv_stem)")
         self.teacher: Teacher | None = None  # when fitting starts (a Teacher is no registered module)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -431,9 +459,12 @@ class ViTClassifier(Classifier):
         return (logits + distilled) / 2, (labels + answers) / 2
 
     def on_fit_start(self) -> None:
-        # the teacher first: a captured step (compiled in Classifier.on_fit_start) includes it
+        # the teacher and the stem first: a captured step (compiled in Classifier.on_fit_start)
+        # includes the teacher
         if self.hparams.teacher not in (None, "airbench"):
             self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes).to(self.device)
+        if self.hparams.whiten_stem and self.trainer.ckpt_path is None:  # a resumed run has its weights
+            self.whiten_stem()
         super().on_fit_start()
 
     def on_train_start(self) -> None:
@@ -443,6 +474,18 @@ class ViTClassifier(Classifier):
             # loop calls before this module's (lightning/pytorch/loops/fit_loop.py, on_run_start)
             hp = self.hparams
             self.teacher = train_airbench(self.trainer, hp.num_classes, hp.in_channels, hp.teacher_epochs)
+
+    def whiten_stem(self) -> None:
+        """airbench's whitening initialisation (`vit.layers.whiten_`) of the stem's first
+        convolution, from up to WHITEN_SAMPLE training images spread over the train split."""
+        datamodule = self.trainer.datamodule
+        train = datamodule.split("train") if hasattr(datamodule, "split") else None
+        images = getattr(train, "images", None)
+        require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
+        images = to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
+        if self.model.mean is not None:  # as the stem sees them
+            images = (images - self.model.mean) / self.model.std
+        whiten_(self.model.stem[0], images)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         start, end = self.model.config.patch_dropout, self.hparams.patch_dropout_end
@@ -478,6 +521,8 @@ class CNNClassifier(Classifier):
     ):
         if kwargs.get("layer_decay") is not None:
             raise UsageError("layer_decay needs a ViT (its blocks are the layers); CNNClassifier has none")
+        if kwargs.get("optimizer") == "muon":
+            raise UsageError("optimizer=muon needs a ViT (Muon takes its blocks); CNNClassifier has none")
         super().__init__(num_classes, **kwargs)
         if arch == "bag":
             self.model = BagCNN(

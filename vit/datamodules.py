@@ -65,10 +65,11 @@ class InMemory(Dataset):
     indexed a whole batch at a time: the loader's batch sampler hands `__getitems__` a batch of
     indices, and it returns the batch with one index operation. Images come out float32 in
     [0, 1], ready for the model, unless `raw` (training: uint8 batches, which the data module
-    augments and converts on the device)."""
+    augments and converts on the device). `indexed` batches also carry their indices (where
+    augmentation depends on the image: alternating flips)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, raw: bool = False):
-        self.images, self.labels, self.raw = images, labels, raw
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, raw: bool = False, indexed: bool = False):
+        self.images, self.labels, self.raw, self.indexed = images, labels, raw, indexed
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -77,11 +78,11 @@ class InMemory(Dataset):
         images = self.images[index]
         return (images if self.raw else to_float(images)), self.labels[index]
 
-    def __getitems__(self, indices: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitems__(self, indices: list[int] | torch.Tensor) -> tuple[torch.Tensor, ...]:
         index = torch.as_tensor(indices)
         if self.images.is_cuda and not index.is_cuda:  # from pinned memory, the copy does not wait
             index = index.pin_memory().to(self.images.device, non_blocking=True)
-        return self[index]
+        return (*self[index], index) if self.indexed else self[index]
 
 
 class ShuffledBatches(Sampler[torch.Tensor]):
@@ -256,7 +257,8 @@ class ImageDataModule(InMemoryDataModule):
         batch_size: int = 128,
         seed: int = 0,  # draws the held-out validation images
         crop_padding: int = 4,  # random crops of the image padded by this many zero pixels; 0: none
-        flip: bool = True,  # random horizontal flips
+        # random horizontal flips; alternate: airbench's, each image mirrored in every other epoch
+        flip: bool | Literal["alternate"] = True,
         policy: Literal["none", "trivial", "randaugment"] = "none",  # each image draws its own operation
         mixup_alpha: float = 0.0,  # 0: no MixUp
         cutmix_alpha: float = 0.0,  # 0: no CutMix; with both, each batch uses one of the two
@@ -264,6 +266,7 @@ class ImageDataModule(InMemoryDataModule):
     ):
         super().__init__(batch_size, num_workers)
         require(crop_padding >= 0, f"crop_padding={crop_padding} must be >= 0")
+        require(flip in (True, False, "alternate"), f"flip={flip!r} must be true, false or 'alternate'")
         require(
             policy in ("none", *POLICIES), f"unknown policy {policy!r}; choose none, {', '.join(POLICIES)}"
         )
@@ -282,6 +285,7 @@ class ImageDataModule(InMemoryDataModule):
         self.in_channels = preparation.channels
         self.val_size, self.seed = val_size, seed
         self.crop_padding, self.flip = crop_padding, flip
+        self.mirrored: torch.Tensor | None = None  # alternating flips: the even epochs' (training_data)
         self.policy = POLICIES.get(policy)
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
 
@@ -312,26 +316,49 @@ class ImageDataModule(InMemoryDataModule):
 
     def training_data(self) -> InMemory:
         """The train split as uint8 images: `on_after_batch_transfer` augments whole batches on the
-        device and converts them to float there."""
+        device and converts them to float there. With alternating flips, the batches carry their
+        indices, and `mirrored` (on the images' device) says which images the even epochs mirror:
+        drawn from `seed`, so a resumed run draws the same."""
         train = self.split("train")
-        return InMemory(train.images, train.labels, raw=True)
+        if self.flip != "alternate":
+            return InMemory(train.images, train.labels, raw=True)
+        draw = torch.rand(len(train), generator=torch.Generator().manual_seed(self.seed))
+        self.mirrored = (draw < 0.5).to(train.images.device)
+        # the epoch's parity on the device too, filled before each batch (on_after_batch_transfer):
+        # a compiled step that reads it is not recompiled when the epoch changes
+        self.odd_epoch = torch.zeros((), dtype=torch.bool, device=train.images.device)
+        return InMemory(train.images, train.labels, raw=True, indexed=True)
 
-    def augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def augment(
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A training batch of uint8 images (B, C, H, W), on any device -> augmented float32 images
         in [0, 1], and the labels: (B,) class indices, or (B, num_classes) probabilities when MixUp
-        or CutMix is on.
+        or CutMix is on. `indices`: the images' in the train split (alternating flips need them).
 
         Every random choice is made per image, on the images' device (`vit.augment`): crops and
-        flips, and a policy's operation and magnitude. MixUp or CutMix then mixes the batch."""
-        images = random_crop_flip(images, self.crop_padding, self.flip)
+        flips, and a policy's operation and magnitude. MixUp or CutMix then mixes the batch.
+        Alternating flips (airbench94's) are drawn once an image (`mirrored`): image i is mirrored
+        in the even epochs where `mirrored[i]` and in the odd ones where not, so every two epochs
+        it is seen both ways."""
+        flip = self.flip
+        if flip == "alternate":
+            require(
+                indices is not None and self.mirrored is not None,
+                "flip=alternate needs the training loader's batches, which carry their indices",
+            )
+            flip = self.mirrored[indices] ^ self.odd_epoch
+        images = random_crop_flip(images, self.crop_padding, flip)
         if self.policy is not None:
             images = self.policy(images)
         return mix(to_float(images), labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.training:
+            if self.mirrored is not None:
+                self.odd_epoch.fill_(self.trainer.current_epoch % 2 == 1)
             # a captured training step augments the raw batch inside its graph
-            if not getattr(self.trainer.lightning_module, "augments_batches", False):
+            if not getattr(getattr(self.trainer, "lightning_module", None), "augments_batches", False):
                 return self.augment(*batch)
         return batch
 

@@ -7,7 +7,9 @@
   `Attention`'s two paths: `masked`, `Softmax` (fp32 weights a hook can record), `fused_attention`
   (the same maths in one SDPA kernel) and `explicit_is_faster` (CPU bf16: the explicit path wins);
 - residual branches: `LayerScale` (CaiT, DINOv2), `DropPath` (stochastic depth);
-- tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021);
+- tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021) and
+  `whiten_`, airbench's whitening initialisation of its first convolution (`ViTClassifier`'s
+  `whiten_stem`);
 - training: `drop_patches` (PatchDropout, Liu et al. 2022).
 """
 
@@ -198,6 +200,46 @@ class ConvStem(nn.Sequential):
             layers += [nn.Conv2d(c_in, c_out, 3, stride=s, padding=1, bias=False), nn.BatchNorm2d(c_out)]
             layers.append(nn.ReLU(inplace=True))
         super().__init__(*layers)
+
+
+# airbench's eps (5e-4) is for images normalised per channel; pixels in [0, 1] have about 1/16 of
+# that variance (CIFAR-10's standard deviation is about 0.25)
+WHITEN_EPS = 3e-5
+
+
+def whitening_filters(
+    images: torch.Tensor, kernel_size: tuple[int, int], eps: float = WHITEN_EPS
+) -> torch.Tensor:
+    """Filters (C*kh*kw, C, kh, kw) that whiten the kh x kw patches of `images` (N, C, H, W): the
+    eigenvectors of the patches' covariance, largest eigenvalue first, each divided by
+    sqrt(eigenvalue + eps), so each filter's response has variance eigenvalue / (eigenvalue + eps)
+    (about 1) and the responses are uncorrelated (airbench's `init_whiten`, which takes the second
+    moment of normalised images; here the patches' mean is taken off, as images in [0, 1] are
+    not centred). Accumulated in float64, a few hundred images at a time."""
+    kh, kw = kernel_size
+    size = images.shape[1] * kh * kw
+    total = torch.zeros(size, dtype=torch.float64, device=images.device)
+    products = torch.zeros(size, size, dtype=torch.float64, device=images.device)
+    for chunk in images.split(256):
+        patches = F.unfold(chunk.double(), (kh, kw)).transpose(1, 2).reshape(-1, size)  # (patches, c kh kw)
+        total += patches.sum(0)
+        products += patches.T @ patches
+    count = images.shape[0] * (images.shape[2] - kh + 1) * (images.shape[3] - kw + 1)
+    mean = total / count
+    eigenvalues, eigenvectors = torch.linalg.eigh(products / count - mean[:, None] * mean)  # ascending
+    filters = (eigenvectors.T / (eigenvalues[:, None] + eps).sqrt()).flip(0)
+    return filters.reshape(size, images.shape[1], kh, kw)
+
+
+@torch.no_grad()
+def whiten_(conv: nn.Conv2d, images: torch.Tensor, eps: float = WHITEN_EPS) -> int:
+    """Set the first filters of `conv` to `whitening_filters` of `images`, each with its negative
+    (airbench's pairs: a ReLU after keeps both halves), as many pairs as its filters have room for,
+    largest eigenvalue first; the filters beyond them are left as they are. Returns how many were set."""
+    filters = whitening_filters(images, conv.kernel_size, eps)
+    filters = filters[: conv.out_channels // 2]
+    conv.weight[: 2 * len(filters)] = torch.cat((filters, -filters)).to(conv.weight.dtype)
+    return 2 * len(filters)
 
 
 def drop_patches(x: torch.Tensor, num_prefix_tokens: int, rate: float) -> torch.Tensor:

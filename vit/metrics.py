@@ -25,17 +25,46 @@ from torchmetrics.functional.classification import (
 from tqdm import tqdm
 
 from vit.datamodules import InMemory
+from vit.errors import require
 
 N_BINS = 15  # confidence bins of the calibration error, as in Guo et al. 2017
 
 
+TTA = ("none", "flip", "flip-translate")  # test-time augmentation: airbench's levels 0, 1 and 2
+TTA_NAMES = {"none": "", "flip": "flip TTA", "flip-translate": "flip and translate TTA"}
+
+
+def tta_level(tta: bool | str) -> str:
+    """A level of `TTA` from itself or a bool (True: "flip", False: "none")."""
+    level = ("flip" if tta else "none") if isinstance(tta, bool) else tta
+    require(level in TTA, f"tta={tta!r} must be one of {', '.join(TTA)}")
+    return level
+
+
 @torch.no_grad()
-def predict_probabilities(model: torch.nn.Module, images: torch.Tensor, tta: bool = False) -> torch.Tensor:
-    """Softmax probabilities (N, classes); with `tta`, the mean of those of each image and of its
-    mirror image (flipped left to right)."""
-    probabilities = model(images).float().softmax(dim=-1)
-    if tta:
-        probabilities = (probabilities + model(images.flip(-1)).float().softmax(dim=-1)) / 2
+def predict_probabilities(
+    model: torch.nn.Module, images: torch.Tensor, tta: bool | str = False
+) -> torch.Tensor:
+    """Softmax probabilities (N, classes), with test-time augmentation `tta` (`tta_level`):
+    "flip" (True) the mean of those of each image and of its mirror image (flipped left to right);
+    "flip-translate" (airbench's level 2) half that and half the same mean of the image moved one
+    pixel up and left and of it moved one pixel down and right (reflected at the border): the
+    image and its mirror weigh 1/4 each, the four moved views 1/8. airbench averages the logits;
+    here the probabilities are averaged, as for flips."""
+    level = tta_level(tta)
+
+    def with_mirror(x: torch.Tensor) -> torch.Tensor:
+        probabilities = model(x).float().softmax(dim=-1)
+        if level == "none":
+            return probabilities
+        return (probabilities + model(x.flip(-1)).float().softmax(dim=-1)) / 2
+
+    probabilities = with_mirror(images)
+    if level == "flip-translate":
+        height, width = images.shape[-2:]
+        padded = F.pad(images, (1, 1, 1, 1), mode="reflect")
+        down_right, up_left = padded[..., :height, :width], padded[..., 2:, 2:]
+        probabilities = (probabilities + (with_mirror(down_right) + with_mirror(up_left)) / 2) / 2
     return probabilities
 
 
@@ -44,7 +73,7 @@ def collect_probabilities(
     model: torch.nn.Module,
     dataset: InMemory,
     batch_size: int = 128,
-    tta: bool = False,
+    tta: bool | str = False,
     device: str = "cpu",
     progress: bool = False,
     desc: str = "test split",
@@ -145,9 +174,10 @@ def metrics_table(metrics: dict) -> str:
     overrides = ", ".join(f"{k}={v}" for k, v in metrics["data_overrides"].items())
     data = f"{metrics['data_module']}, {metrics['split']} split"
     source = ("checkpoint", metrics["checkpoint"]) if "checkpoint" in metrics else ("model", metrics["model"])
+    tta = f", {TTA_NAMES[metrics['tta_level']]}" if metrics["tta"] else ""
     rows = [
         source,
-        ("data", data + (f" ({overrides})" if overrides else "") + (", flip TTA" if metrics["tta"] else "")),
+        ("data", data + (f" ({overrides})" if overrides else "") + tta),
         ("images", metrics["num_images"]),
         ("top-1 accuracy", f"{metrics['top1']:.4f}"),
     ]

@@ -119,8 +119,8 @@ class CapturedStep:
             self.ema_step = torch.tensor(float(classifier.trainer.global_step), device=self.params[0].device)
         self.compiled = torch.compile(self.step, mode=mode, fullgraph=True)
 
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.augment(images, labels)
+    def step(self, images: torch.Tensor, labels: torch.Tensor, *rest) -> tuple[torch.Tensor, ...]:
+        x, y = self.augment(images, labels, *rest)  # rest: the batch's indices (alternating flips)
         logits, loss = self.classifier.loss(x, y)
         grads = torch.autograd.grad(loss, self.params)
         with torch.no_grad():
@@ -137,9 +137,9 @@ class CapturedStep:
                 self.ema.update((averages, currents, counters, counts), self.ema.weight(self.ema_step))
         return loss.detach(), logits.detach()
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *rest) -> tuple[torch.Tensor, ...]:
         with tracing():
-            return self.compiled(images, labels)
+            return self.compiled(images, labels, *rest)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a step changes: weights, buffers, optimizer state, the EMA's average."""

@@ -263,6 +263,7 @@ class StreamingImages(ImageDataModule):
     ):
         require(image_size >= 1, f"image_size={image_size} must be at least 1")
         require(decode in ("workers", "device"), f"decode={decode!r} must be 'workers' or 'device'")
+        require(kwargs.get("flip") != "alternate", "flip=alternate needs image indices; streaming has none")
         preparation = self.preparation_for({"image_size": image_size, "channels": channels, "resize": resize})
         manifest = read_manifest(root)
         if classes is not None and list(classes) != manifest["classes"]:

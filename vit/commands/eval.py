@@ -47,6 +47,10 @@ TTA_HELP = (
     "average the probabilities of each image and its mirror image (flipped left to right); only for "
     "data whose classes survive a mirror (not two circles: a flip swaps / and \\)"
 )
+TTA_TRANSLATE_HELP = (
+    "--tta and also each image and its mirror moved one pixel up and left and one pixel down and right "
+    "(airbench's level 2: the image and its mirror weigh 1/4 each, the moved views 1/8)"
+)
 
 
 @dataclass
@@ -57,6 +61,7 @@ class EvalOptions(Source):
     split: str = option("test", "which split to measure", choices=SPLITS)
     data: dict = data_option()
     tta: bool = option(False, TTA_HELP, action="store_true")
+    tta_translate: bool = option(False, TTA_TRANSLATE_HELP, action="store_true")
     out: str | None = out_option(None, "metrics.json and the plots; null: print only")
 
 
@@ -98,7 +103,7 @@ def evaluate(options: EvalOptions, progress: bool = True) -> dict:
         measured.network,
         measured.dataset,
         batch_size=measured.batch_size,
-        tta=options.tta,
+        tta=tta_of(options),
         device=device,
         progress=progress,
         desc=f"{options.split} split",
@@ -108,7 +113,9 @@ def evaluate(options: EvalOptions, progress: bool = True) -> dict:
         raise ValueError(
             f"the model predicts {probabilities.shape[1]} classes, the data has {len(classes)}: {classes}"
         )
-    metrics = {**measured.about, "tta": options.tta, **classification_metrics(probabilities, labels, classes)}
+    level = tta_of(options)
+    about = {**measured.about, "tta": level != "none", "tta_level": level}
+    metrics = {**about, **classification_metrics(probabilities, labels, classes)}
     if measured.present is not None and len(measured.present) < len(classes):
         metrics = restrict_to(metrics, measured.present, classes)
     print(metrics_table(metrics))
@@ -155,10 +162,11 @@ def evaluation_files(metrics: dict, options: EvalOptions) -> dict:
     """metrics.json, confusion.png and reliability.png, by file name."""
     import torch
 
+    from vit.metrics import TTA_NAMES
     from vit.plot import confusion_figure, reliability_figure
 
     reliability = metrics["reliability"]
-    tta = ", flip TTA" if options.tta else ""
+    tta = f", {TTA_NAMES[metrics['tta_level']]}" if metrics["tta"] else ""
     title = f"{Path(options.ckpt or options.model).name}, {options.split} split{tta}"
     return {
         "metrics.json": json.dumps(metrics, indent=2, default=str) + "\n",
@@ -185,6 +193,12 @@ class PredictOptions(Source):
     images: list[str] | None = option(None, "image files", positional=True, nargs="+", metavar="IMAGE")
     top_k: int = option(5, "how many classes to list per file", type=int, metavar="K")
     tta: bool = option(False, TTA_HELP, action="store_true")
+    tta_translate: bool = option(False, TTA_TRANSLATE_HELP, action="store_true")
+
+
+def tta_of(options: EvalOptions | PredictOptions) -> str:
+    """The level of `vit.metrics.TTA` that --tta and --tta_translate ask for."""
+    return "flip-translate" if options.tta_translate else "flip" if options.tta else "none"
 
 
 def predict(options: PredictOptions) -> list[dict]:
@@ -215,7 +229,8 @@ def predict(options: PredictOptions) -> list[dict]:
     for start in range(0, len(files), batch_size):  # a batch of pictures at a time bounds the memory
         chunk = files[start : start + batch_size]
         batch = read_images(chunk, preparation).to(device)
-        top = predict_probabilities(network, batch, options.tta).cpu().topk(min(top_k, len(classes)), dim=-1)
+        probabilities = predict_probabilities(network, batch, tta_of(options)).cpu()
+        top = probabilities.topk(min(top_k, len(classes)), dim=-1)
         for file, values, indices in zip(chunk, top.values.tolist(), top.indices.tolist(), strict=True):
             ranked = [
                 {"class": classes[i], "index": i, "probability": p}

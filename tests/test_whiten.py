@@ -1,0 +1,106 @@
+"""airbench's whitening initialisation of the conv stem's first layer (`ViTClassifier(whiten_stem=True)`,
+`vit.layers.whiten_`): at fit start, before the first step, its filters decorrelate the training
+images' patches; a resumed run keeps its checkpoint's."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from lab.cifar10_pack import fake_cifar10
+from vit import ViTClassifier, ViTConfig
+from vit.datamodules import CIFAR10
+from vit.errors import UsageError
+from vit.layers import WHITEN_EPS, whiten_
+
+VIT = ViTConfig(preset="micro", patch_size=4, conv_stem=[64], conv_stem_strides=[1])
+
+
+class FirstFilters(Callback):
+    """The stem's first filters as training starts (after on_fit_start)."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.weight = pl_module.model.stem[0].weight.detach().clone()
+
+
+def responses(filters: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """Each filter's response to every 3x3 patch of the images: (patches, filters)."""
+    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, filters[0].numel())
+    return patches @ filters.flatten(1).double().T
+
+
+def fit(root, whiten: bool, max_steps: int = 1, ckpt_path=None, callbacks=()):
+    L.seed_everything(0, verbose=False)
+    data = CIFAR10(root=str(root), val_size=10, batch_size=16, crop_padding=0)
+    model = ViTClassifier(vit=VIT, whiten_stem=whiten)
+    first = FirstFilters()
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[first, *callbacks],
+        default_root_dir=root.parent,
+    )  # fmt: skip
+    initial = model.model.stem[0].weight.detach().clone()
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return initial, first.weight, data.split("train").images.float() / 255
+
+
+def test_the_stem_starts_training_whitening_the_training_patches(tmp_path):
+    """54 filters (2 x 3x3x3) of the 64: 27 whose responses to the training images' patches are
+    uncorrelated, of variance 1 (less where eps damps a component of almost none), and their
+    negatives; the other 10 as initialised. Without whiten_stem the same measure is far from it.
+    Resumed from a checkpoint, the run starts from the checkpoint's filters, not whitened again."""
+    root = fake_cifar10(tmp_path / "data", per_class=6)
+    every_step = ModelCheckpoint(tmp_path / "ckpts", every_n_train_steps=1, save_top_k=-1)
+    initial, whitened, images = fit(root, whiten=True, callbacks=[every_step])
+    assert len(images) == 50
+    # the responses' covariance is diag(eigenvalue / (eigenvalue + eps)) of the patches' covariance:
+    # the identity, but for the few components of JPEG's least variance, which eps damps
+    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, 27)
+    eigenvalues = torch.linalg.eigvalsh(patches.T.cov(correction=0)).flip(0)
+    expected = torch.diag(eigenvalues / (eigenvalues + WHITEN_EPS))
+    covariance = responses(whitened[:27], images).T.cov(correction=0)
+    torch.testing.assert_close(covariance, expected, atol=1e-4, rtol=0)
+    assert (expected.diagonal()[:10] > 0.99).all()
+    assert torch.equal(whitened[27:54], -whitened[:27])
+    assert torch.equal(whitened[54:], initial[54:])
+
+    initial, untouched, _ = fit(root, whiten=False)
+    assert torch.equal(untouched, initial)
+    assert (responses(untouched[:27], images).T.cov(correction=0) - expected).abs().max() > 0.5
+
+    checkpoint = torch.load(tmp_path / "ckpts" / "epoch=0-step=1.ckpt", weights_only=True)
+    _, resumed, _ = fit(root, whiten=True, max_steps=2, ckpt_path=tmp_path / "ckpts" / "epoch=0-step=1.ckpt")
+    assert torch.equal(resumed, checkpoint["state_dict"]["model.stem.0.weight"])
+    assert not torch.equal(resumed, whitened)  # the step moved them
+
+
+def test_a_narrow_layer_takes_the_largest_components_in_pairs():
+    """8 filters for 27 components: the 4 of largest variance, each with its negative: their
+    responses are uncorrelated, of variance about 1, and their directions the top principal ones."""
+    torch.manual_seed(0)
+    ramp = torch.linspace(0, 1, 16)
+    images = (ramp[None, None, :, None] * ramp + 0.2 * torch.rand(40, 3, 16, 16)).clamp(0, 1)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+    assert whiten_(conv, images) == 8
+    filters = conv.weight.detach()
+    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, 27)
+    eigenvalues, eigenvectors = torch.linalg.eigh(patches.T.cov(correction=0))
+    top = eigenvalues[-4:].flip(0)  # the 4 largest
+    expected = torch.diag(top / (top + WHITEN_EPS))
+    torch.testing.assert_close(
+        responses(filters[:4], images).T.cov(correction=0), expected, atol=1e-5, rtol=0
+    )
+    assert (expected.diagonal() > 0.99).all() and torch.equal(filters[4:], -filters[:4])
+    top = eigenvectors[:, -4:]
+    directions = filters[:4].flatten(1).double()
+    directions = directions / directions.norm(dim=1, keepdim=True)
+    torch.testing.assert_close((directions @ top).abs().max(1).values, torch.ones(4, dtype=torch.float64),
+                               atol=1e-6, rtol=0)  # fmt: skip
+
+
+def test_whiten_stem_is_refused_without_a_conv_stem():
+    with pytest.raises(UsageError, match="whiten_stem needs a conv stem"):
+        ViTClassifier(vit=ViTConfig(preset="micro", patch_size=4), whiten_stem=True)
