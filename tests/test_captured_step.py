@@ -57,7 +57,8 @@ def fit(tmp_path, steps, capture: bool, policy="trivial", ema=True, vit=VIT, mod
     L.seed_everything(0)
     root = fake_cifar10(tmp_path / "data", per_class=12)
     datamodule = CIFAR10(root=str(root), val_size=16, batch_size=16, policy=policy, **data)
-    model = ViTClassifier(vit=vit, decay="linear", compile=capture, capture_step=capture, **(model_args or {}))
+    options = dict(decay="linear", compile=capture, capture_step=capture, **(model_args or {}))
+    model = ViTClassifier(vit=vit, **options)
     trainer = L.Trainer(
         accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
