@@ -219,3 +219,79 @@ def test_vit_attention_on_the_gpu_draws_the_cpus_maps(trained_checkpoint, tmp_pa
     assert drawn["cuda"].device.type == "cpu"  # drawn from the CPU
     torch.testing.assert_close(drawn["cuda"], drawn["cpu"], atol=1e-4, rtol=1e-3)
     assert {p.name for p in (tmp_path / "cuda").iterdir()} == {p.name for p in (tmp_path / "cpu").iterdir()}
+
+
+def captured_fit(tmp_path, capture: bool, accelerator: str = "gpu", watch_from: int | None = None):
+    """A fit of 12 steps with nothing drawn at random but the batch order (no crops, flips or drop
+    path: inductor's random numbers are not eager's), fp32, an EMA; with `watch_from`, torch's
+    synchronisation debug mode from that step on. Returns the model, trainer and the syncs seen."""
+    import traceback
+    import warnings
+
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+
+    from lab.cifar10_pack import fake_cifar10
+    from vit import ViTClassifier, ViTConfig
+    from vit.callbacks import EMA
+    from vit.datamodules import CIFAR10
+
+    graphs = []  # graphs Dynamo compiled so far, before the first step and after the last
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 0:
+                graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+            if watch_from is not None and batch_idx == watch_from:
+                torch.cuda.set_sync_debug_mode("warn")
+
+        def on_train_end(self, trainer, pl_module):
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+    L.seed_everything(0)
+    data = CIFAR10(root=str(fake_cifar10(tmp_path / "data", per_class=32)), val_size=32, batch_size=16,
+                   crop_padding=0, flip=False, policy="none")  # fmt: skip
+    vit = ViTConfig(preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1])
+    mode = "reduce-overhead" if capture else False
+    model = ViTClassifier(vit=vit, decay="linear", compile=mode, capture_step=capture)
+    trainer = L.Trainer(
+        accelerator=accelerator, devices=1, max_steps=12, log_every_n_steps=50, logger=False,
+        callbacks=[Watch(), EMA(decay=0.9)], enable_checkpointing=False, enable_progress_bar=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    syncs = []
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        if "called a synchronizing" in str(message):
+            frames = traceback.extract_stack()[:-1]
+            ours = [f for f in frames if "vit/" in f.filename or "lightning/" in f.filename]
+            where = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in ours[::-1][:2]]
+            syncs.append(" <- ".join(where))
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = note
+            trainer.fit(model, data)
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
+    return model, trainer, syncs, graphs
+
+
+def test_the_captured_step_replays_on_the_gpu_and_trains_as_the_eager_step(tmp_path):
+    """`capture_step` with `reduce-overhead` (one CUDA graph a step): compiled once, before the
+    clock; from the 3rd step on nothing waits for the GPU; after 12 steps the weights are the eager
+    loop's (fp32, TF32 off; Adam turns rounding differences of 1e-7 into about 1e-5)."""
+    torch._dynamo.reset()
+    captured, trainer, syncs, graphs = captured_fit(tmp_path / "a", capture=True, watch_from=2)
+    assert trainer.global_step == 12
+    print("\n".join(sorted(set(syncs))))
+    assert not syncs, sorted(set(syncs))
+    assert graphs[0] > 0 and graphs[0] == graphs[-1]  # all compiled before the first step
+    eager = captured_fit(tmp_path / "b", capture=False)[0]
+    weights = zip(captured.model.state_dict().items(), eager.model.state_dict().values(), strict=True)
+    for (name, a), b in weights:
+        if name.endswith("qkv.bias"):  # the key bias's gradient is rounding noise, which Adam scales up
+            a, b = a.view(3, -1)[[0, 2]], b.view(3, -1)[[0, 2]]
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=lambda m, name=name: f"{name}: {m}")
