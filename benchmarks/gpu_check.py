@@ -11,7 +11,8 @@ Steps, each in its own process (a failing step is reported and the next one runs
 3. throughput: `benchmarks/throughput.py` in bf16, ours against timm and vit-pytorch, for the GPU
    recipe's transformer at 32x32 and for ViT-S/16 at 224 (batch 256), each a share of the GPU's
    bf16 matrix-product rate measured in the same run;
-4. speedrun: `configs/cifar10_gpu.yaml` for each budget (2 minutes and 20 s), then vit-eval with
+4. speedrun: `configs/cifar10_gpu.yaml` for each budget (2 minutes and 20 s; `-captured`: with the
+   whole training step as one graph, `--model.capture_step true`), then vit-eval with
    and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the seconds of
    validation and checkpoints, the loop's images a second (against throughput.py's compiled
    rate), the compilation before the clock and the whole command's wall time;
@@ -44,8 +45,15 @@ sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks`, `lab` and `vit` 
 
 SWEEP_MARGIN = 35  # seconds of the sweep step left after the sweep's own deadline
 STEPS = ("tests", "demo", "throughput", "speedrun", "sweep", "cnn_peer")
-BUDGETS = {"120s": "00:00:02:00", "20s": "00:00:00:20"}
-SMOKE_BUDGETS = {"5s": "00:00:00:05"}
+# the speedrun's runs: a time budget and overrides of the config
+CAPTURED = ["--model.capture_step", "true"]
+BUDGETS = {
+    "120s": ("00:00:02:00", []),
+    "20s": ("00:00:00:20", []),
+    "120s-captured": ("00:00:02:00", CAPTURED),
+    "20s-captured": ("00:00:00:20", CAPTURED),
+}
+SMOKE_BUDGETS = {"5s": ("00:00:00:05", [])}
 # toy sizes for --smoke: the same configs and code paths, small enough for a CPU
 SMOKE_DEMO = [
     "--model.vit.preset", "micro", "--data.init_args.num_train", "256", "--data.init_args.num_val", "64",
@@ -171,6 +179,7 @@ def read_metrics(run_dir: Path) -> dict:
         epochs=int(last("epoch") or 0) + 1,
         train_minutes=last("time/minutes"),
         compile_seconds=last("time/compile_seconds"),
+        capture_seconds=last("time/capture_seconds"),
         clock_seconds=last("time/seconds"),
         paused_seconds=last("time/paused_seconds"),
     )
@@ -190,6 +199,11 @@ def loop_rate(run: dict) -> float | None:
     if None in (run.get("clock_seconds"), run.get("paused_seconds"), run.get("batch_size")):
         return None
     return run["steps"] * run["batch_size"] / max(run["clock_seconds"] - run["paused_seconds"], 1e-9)
+
+
+def run_name(run: dict) -> str:
+    """A speedrun's label (`--budgets`); reports written before runs had labels name the budget."""
+    return run.get("label", run["budget"])
 
 
 def eval_top1(out: Path) -> float:
@@ -271,13 +285,13 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
     base += SMOKE_SPEEDRUN if args.smoke else []
     budgets = SMOKE_BUDGETS if args.smoke else {label: BUDGETS[label] for label in args.budgets}
     runs, start = {}, time.perf_counter()
-    for label, budget in budgets.items():
-        extra = [*base, "--trainer.max_time", budget]
+    for label, (budget, overrides) in budgets.items():
+        extra = [*base, "--trainer.max_time", budget, *overrides]
         left = max(args.timeout - (time.perf_counter() - start), 1)  # the step's limit, shared
         runs[label] = train_and_eval(
             f"speedrun-{label}", "configs/cifar10_gpu.yaml", extra, out, left, tta=True
         )
-        runs[label]["budget"] = budget
+        runs[label].update(budget=budget, label=label)
         if runs[label]["ok"]:
             runs[label]["loop_images_per_second"] = loop_rate(runs[label])
     # the model stays one to look inside: its token grid, and where its forward FLOPs go
@@ -367,8 +381,8 @@ def markdown(report: dict) -> str:
             lines.append(result.get("text", json.dumps(result.get("precisions", {}), indent=1)[:3000]))
             lines.append("```")
     if "speedrun" in steps:
-        columns = ["budget", "test top-1", "flip TTA", "val/acc", "steps", "epochs", "training min",
-                   "paused s", "loop img/s", "compile s", "command s"]  # fmt: skip
+        columns = ["run", "test top-1", "flip TTA", "val/acc", "steps", "epochs", "training min",
+                   "paused s", "loop img/s", "compile s", "capture s", "command s"]  # fmt: skip
         lines += ["", "## Speedrun (configs/cifar10_gpu.yaml)", ""]
         if "model" in steps["speedrun"]:
             grid, flops = steps["speedrun"]["model"]["grid"], steps["speedrun"]["model"]["forward_flops"]
@@ -382,12 +396,13 @@ def markdown(report: dict) -> str:
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for r in steps["speedrun"]["runs"].values():
             if not r["ok"]:
-                lines.append(f"| {r['budget']} | FAILED: {r['why']} |" + "|" * (len(columns) - 2))
+                lines.append(f"| {run_name(r)} | FAILED: {r['why']} |" + "|" * (len(columns) - 2))
                 continue
-            cells = [r["budget"], fmt(r.get("test_top1"), ".4f"), fmt(r.get("test_top1_tta"), ".4f"),
+            cells = [run_name(r), fmt(r.get("test_top1"), ".4f"), fmt(r.get("test_top1_tta"), ".4f"),
                      fmt(r.get("val_acc"), ".4f"), r["steps"], r["epochs"],
                      fmt(r.get("train_minutes"), ".2f"), fmt(r.get("paused_seconds"), ".1f"),
                      fmt(r.get("loop_images_per_second"), ",.0f"), fmt(r.get("compile_seconds"), ".1f"),
+                     fmt(r.get("capture_seconds"), ".1f"),
                      f"{r['train_wall_seconds']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines += loop_against_benchmark(steps)
@@ -425,7 +440,7 @@ def loop_against_benchmark(steps: dict, matching: str | None = None) -> list[str
     if "train_ips" not in rate:
         return []
     lines = [
-        f"- {run['budget']}: the loop at {loop:,.0f} images/s is {loop / rate['train_ips']:.2f}x "
+        f"- {run_name(run)}: the loop at {loop:,.0f} images/s is {loop / rate['train_ips']:.2f}x "
         f"throughput.py's {matching} ({rate['train_ips']:,.0f} images/s, bf16)"
         for run in steps["speedrun"]["runs"].values()
         if (loop := run.get("loop_images_per_second"))
@@ -451,8 +466,8 @@ def main(argv: list[str] | None = None) -> None:
         help="the throughput step's runs (default: all)",
     )  # fmt: skip
     parser.add_argument(
-        "--budgets", nargs="+", choices=BUDGETS, default=list(BUDGETS),
-        help="the speedrun's time budgets, in this order (default: all)",
+        "--budgets", nargs="+", choices=BUDGETS, default=["120s", "20s"],
+        help="the speedrun's runs, in this order (default: 120s 20s)",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600, help="seconds each step may take")
     parser.add_argument(

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_sweep.py --data .gpu/cifar10-jpeg.pack --out /tmp/sweep --deadline 540
     python benchmarks/gpu_sweep.py --smoke --out runs/gpu_sweep   # any CPU, under a minute: toy sizes
+    python benchmarks/gpu_sweep.py --proxy --data ../shared/data/cifar10-jpeg --parallel 1 --out runs/proxy
 
 `--variants` (default benchmarks/gpu_sweep.yaml) maps a name to `vit-train fit` overrides. Each
 variant trains `--config` (configs/cifar10_gpu.yaml) for `--epochs` epochs with no time budget, so
@@ -13,6 +14,11 @@ reported with what their metrics.csv holds so far; those not started are listed 
 `sweep.md` (one row a variant, then val/acc by epoch) and `sweep.json` (everything, with the
 commands and the machine) into `--out`, also on Ctrl-C; each variant's output goes to
 `--out/logs/<variant>.log`.
+
+`--proxy` ranks the variants on a CPU before a GPU call spends minutes on them: the recipe's
+network at a quarter of its width (`PROXY`), on a fifth of each epoch's batches, 5 epochs by
+default, on the real data. A variant that loses there may still win at the GPU's 50-100 epochs
+(regularisation pays late), so the ranking orders the GPU's queue; it decides nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,13 @@ sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import 
 
 from benchmarks.gpu_check import SMOKE_SPEEDRUN, batch_size, command_env, environment, prepare_data, python  # noqa: E402
 
+# the CPU proxy: the recipe's network at a quarter of its width and half its depth, batch 128, a
+# fifth of each epoch's batches (9,000 images), validated on all 5,000
+PROXY = [
+    "--model.vit.dim", "96", "--model.vit.heads", "3", "--model.vit.depth", "3",
+    "--model.vit.conv_stem", "[24, 48, 96]", "--data.init_args.batch_size", "128",
+    "--trainer.limit_train_batches", "0.2",
+]  # fmt: skip
 # validation after every epoch: val/acc by epoch, whatever interval the config validates at
 EVERY_EPOCH = ["--trainer.val_check_interval", "1.0", "--trainer.check_val_every_n_epoch", "1"]
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a variant's name names its files
@@ -177,6 +190,8 @@ def markdown(report: dict) -> str:
         f"CPU threads each{shared}. `{report['command']}`; {report['seconds']:.0f} s in all."
     )
     about += " Smoke: toy sizes and made-up data, no figure to quote." if report["smoke"] else ""
+    if report.get("proxy"):
+        about += " CPU proxy (`PROXY`): a quarter-width network on a fifth of each epoch."
     lines = [f"# Sweep of {report['config']}, {env['date']}", "", about, "",
              "| variant | status | last val/acc | test top-1 | steps | epochs | training s | images/s "
              "| wall s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -213,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     add("--deadline", type=float, metavar="SECONDS",
         help="for the whole sweep: running variants are stopped, others not started")
     add("--smoke", action="store_true", help="made-up data, toy model, 1 epoch: any CPU, under a minute")
+    add("--proxy", action="store_true", help="quarter width, a fifth of each epoch, 5 epochs: for a CPU")
     # fmt: on
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -223,14 +239,16 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_data(args.data, out, args.smoke).resolve()  # the runs start in the checkout
     config = str(Path(args.config).resolve()) if Path(args.config).is_file() else args.config
-    epochs = args.epochs or (1 if args.smoke else 30)
+    epochs = args.epochs or (1 if args.smoke else 5 if args.proxy else 30)
     # eager: compiling costs each process about half a minute of a GPU window and no accuracy
     base = ["--config", config, "--trainer.max_epochs", str(epochs), "--trainer.max_time", "null",
             "--model.compile", "false",
             *EVERY_EPOCH, "--data.init_args.root", str(data), "--data.init_args.download", "false",
-            "--seed_everything", str(args.seed), *(SMOKE_SPEEDRUN if args.smoke else [])]  # fmt: skip
+            "--seed_everything", str(args.seed), *(SMOKE_SPEEDRUN if args.smoke else []),
+            *(PROXY if args.proxy else [])]  # fmt: skip
     command = " ".join(["python benchmarks/gpu_sweep.py", *(argv if argv is not None else sys.argv[1:])])
     report = dict(command=command, config=args.config, epochs=epochs, seed=args.seed, parallel=args.parallel,
+                  proxy=args.proxy,
                   threads=threads(args.parallel), smoke=args.smoke, environment=environment())  # fmt: skip
     jobs = [Variant(name, overrides, base, out, args.parallel) for name, overrides in variants.items()]
     queue, running, why = list(jobs), [], None  # why: why the sweep ended before its variants

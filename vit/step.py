@@ -117,6 +117,11 @@ class CapturedStep:
             self.average = (averages, counters)
             # the EMA's step count on the device: the decay's warm-up reads it without a recompile
             self.ema_step = torch.tensor(float(classifier.trainer.global_step), device=self.params[0].device)
+        # CUDA graphs replay at fixed addresses: the state a step updates in place is marked as
+        # staying where it is, or cudagraph trees skip a graph whose inputs it mutates
+        rates = [group["lr"] for each in optimizers_of(optimizer) for group in each.param_groups]
+        for t in [*self.tensors(), *rates]:
+            torch._dynamo.mark_static_address(t)
         self.compiled = torch.compile(self.step, mode=mode, fullgraph=True)
 
     def step(self, images: torch.Tensor, labels: torch.Tensor, *rest) -> tuple[torch.Tensor, ...]:
