@@ -46,7 +46,12 @@ sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks`, `lab` and `vit` 
 SWEEP_MARGIN = 35  # seconds of the sweep step left after the sweep's own deadline
 STEPS = ("tests", "demo", "throughput", "speedrun", "sweep", "cnn_peer")
 # the speedrun's runs: a time budget and overrides of the config
-CAPTURED = ["--model.capture_step", "true"]
+# with the whole step as one graph, and 20 of its steps profiled (vit.callbacks.Profile: the host's
+# time a step against the GPU's kernels', and the costliest operators, in the run's profile.txt)
+CAPTURED = [
+    "--model.capture_step", "true", "--trainer.callbacks+=vit.callbacks.Profile",
+    "--trainer.callbacks.start", "200", "--trainer.callbacks.steps", "20",
+]  # fmt: skip
 BUDGETS = {
     "120s": ("00:00:02:00", []),
     "20s": ("00:00:00:20", []),
@@ -180,6 +185,7 @@ def read_metrics(run_dir: Path) -> dict:
         train_minutes=last("time/minutes"),
         compile_seconds=last("time/compile_seconds"),
         capture_seconds=last("time/capture_seconds"),
+        profile={k: last(f"profile/{k}") for k in ("host_seconds", "device_seconds", "wall_seconds")},
         clock_seconds=last("time/seconds"),
         paused_seconds=last("time/paused_seconds"),
     )
@@ -406,6 +412,13 @@ def markdown(report: dict) -> str:
                      f"{r['train_wall_seconds']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines += loop_against_benchmark(steps)
+        for r in steps["speedrun"]["runs"].values():
+            if (profile := r.get("profile") or {}).get("host_seconds") is not None:
+                lines.append(
+                    f"- {run_name(r)}, 20 steps profiled: the host {profile['host_seconds'] * 1e3:.2f} ms a "
+                    f"step, the GPU's kernels {profile['device_seconds'] * 1e3:.2f} ms, the wall clock "
+                    f"{profile['wall_seconds'] * 1e3:.2f} ms (the run's profile.txt: by operator)"
+                )
     if steps.get("sweep", {}).get("table"):
         lines += ["", "## Sweep (benchmarks/gpu_sweep.py)", "", *steps["sweep"]["table"].splitlines()[2:]]
     if "cnn_peer" in steps:

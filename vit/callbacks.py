@@ -2,13 +2,15 @@
 `LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
-validation; and where a run's files go (`run_folder`) and reach MLflow (`log_artifact`).
+validation; `Profile`, where a few training steps' time goes; and where a run's files go
+(`run_folder`) and reach MLflow (`log_artifact`).
 (`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
 in `vit.interpret.callbacks`.)"""
 
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import lightning as L
@@ -365,6 +367,71 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._save_unless_saved(trainer)
+
+
+class Profile(Callback):
+    """`torch.profiler` around `steps` training steps from optimizer step `start` (past compilation
+    and warm-up): the host's wall time a step (from the first profiled step's start to the last's
+    end, no wait in between) against the device's (the sum of its kernels' own times; on a CPU,
+    the operators' own times, which the host's include), and the costliest operators of each,
+    written to `profile.txt` in the run folder (`run_folder`), with a Chrome trace `profile.json`
+    if `trace`, and logged as `profile/*`. Where the host's time a step exceeds the device's, the
+    GPU waits for Python; the table says for what. `--trainer.callbacks+=vit.callbacks.Profile`."""
+
+    def __init__(self, start: int = 50, steps: int = 20, trace: bool = False, rows: int = 25):
+        if start < 0 or steps < 1:
+            raise ValueError(f"Profile: start={start} must be >= 0 and steps={steps} >= 1")
+        self.start, self.steps, self.trace, self.rows = start, steps, trace, rows
+        self.profiler: torch.profiler.profile | None = None
+        self.began = 0.0
+        self.report: dict | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self.profiler is None and self.report is None and trainer.global_step >= self.start:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if pl_module.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.__enter__()
+            self.first, self.began = trainer.global_step, time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.profiler is None or trainer.global_step < self.first + self.steps:
+            return
+        host = time.perf_counter() - self.began  # before the wait below: the host's own time
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.began
+        self.profiler.__exit__(None, None, None)
+        steps = trainer.global_step - self.first
+        events = self.profiler.key_averages()
+        if pl_module.device.type == "cuda":
+            kernels = sum(e.self_device_time_total for e in events)
+        else:  # the host runs the kernels: the operators' own time
+            kernels = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::"))
+        device = kernels / 1e6 / steps  # from microseconds
+        self.report = dict(
+            steps=steps, host_seconds=host / steps, wall_seconds=wall / steps, device_seconds=device
+        )
+        lines = [
+            f"{steps} training steps from step {self.first}: the host {host / steps * 1e3:.2f} ms a step, "
+            f"the device's kernels {device * 1e3:.2f} ms, the wall clock {wall / steps * 1e3:.2f} ms",
+            "",
+        ]
+        sorts = ["self_cpu_time_total"] + ["self_device_time_total"] * (pl_module.device.type == "cuda")
+        for sort in sorts:
+            lines += [f"by {sort}:", events.table(sort_by=sort, row_limit=self.rows), ""]
+        folder = run_folder(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "profile.txt").write_text("\n".join(lines))
+        if self.trace:
+            self.profiler.export_chrome_trace(str(folder / "profile.json"))
+        self.profiler = None
+        print(lines[0])
+        for logger in trainer.loggers:
+            logger.log_metrics(
+                {f"profile/{k}": float(v) for k, v in self.report.items()}, trainer.global_step
+            )
 
 
 def __getattr__(name: str):
