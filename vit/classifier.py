@@ -242,6 +242,15 @@ class Classifier(L.LightningModule):
         require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
         require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
         require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
+        # features of recent torch releases (this project is tested with 2.14)
+        require(
+            optimizer == "adamw" or hasattr(torch.optim, "Muon"),
+            "optimizer=muon needs torch.optim.Muon (torch >= 2.9)",
+        )
+        require(
+            not capture_step or hasattr(torch._dynamo.config, "trace_autograd_ops"),
+            "capture_step needs a torch whose Dynamo traces autograd.grad (trace_autograd_ops)",
+        )
         require(
             compile in (False, True, *COMPILE_MODES),
             f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",

@@ -36,7 +36,7 @@ def optimizers_of(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimize
 
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
     for each in optimizers_of(optimizer):
-        if not isinstance(each, torch.optim.Adam | torch.optim.Muon):
+        if not (isinstance(each, torch.optim.Adam) or type(each).__name__ == "Muon"):  # AdamW is an Adam
             raise UsageError(f"the captured step updates with AdamW or Muon, not {type(each).__name__}")
         for group in each.param_groups:
             if not torch.is_tensor(group["lr"]):
@@ -52,7 +52,7 @@ def init_state(optimizer: torch.optim.Optimizer) -> None:
                 state = each.state[p]
                 if state:
                     continue
-                if isinstance(each, torch.optim.Muon):
+                if type(each).__name__ == "Muon":
                     state["momentum_buffer"] = torch.zeros_like(p)
                 else:
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
@@ -67,7 +67,7 @@ def update(optimizer: torch.optim.Optimizer, grads: dict[torch.Tensor, torch.Ten
         for group in each.param_groups:
             params = group["params"]
             state = [each.state[p] for p in params]
-            if isinstance(each, torch.optim.Muon):
+            if type(each).__name__ == "Muon":  # torch >= 2.9
                 from torch.optim._muon import muon
 
                 muon(
@@ -92,9 +92,9 @@ def update(optimizer: torch.optim.Optimizer, grads: dict[torch.Tensor, torch.Ten
 @contextlib.contextmanager
 def tracing():
     """Dynamo's settings for tracing the whole step: the backward inside the graph (Dynamo traces
-    `autograd.grad` only with `trace_autograd_ops`), and augmentation's constants, made once a
-    device by `vit.augment`'s `functools.cache` functions eagerly, made inside the graph without
-    Dynamo's warning that it traces through the cache."""
+    `autograd.grad` only with `trace_autograd_ops`); augmentation's constants, which
+    `vit.augment`'s `functools.cache` functions make once a device in eager runs, are made inside
+    the graph, without Dynamo's warning that it traces through the cache."""
     with torch._dynamo.config.patch(trace_autograd_ops=True), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Dynamo detected a call to a `functools.lru_cache`")
         yield
@@ -138,8 +138,8 @@ class CapturedStep:
                 module = self.classifier
                 network = [t.detach() for t in itertools.chain(module.parameters(), module.buffers())]
                 currents = [t for t in network if t.is_floating_point()]
-                counts = [t for t in network if not t.is_floating_point()]
-                self.ema.update((averages, currents, counters, counts), self.ema.weight(self.ema_step))
+                followed = [t for t in network if not t.is_floating_point()]
+                self.ema.update((averages, currents, counters, followed), self.ema.weight(self.ema_step))
         return loss.detach(), logits.detach()
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, *rest) -> tuple[torch.Tensor, ...]:
