@@ -357,6 +357,45 @@ def test_cnn_baseline_trains_from_the_same_cli(runs):
     assert isinstance(datamodule, TwoCircles)
 
 
+def test_the_cifar10_cpu_config_at_depth_0_trains_evaluates_and_exports(runs, tmp_path, capsys):
+    """configs/cifar10_cpu.yaml's control without attention, `--model.vit.depth 0`, at toy size
+    (a width-32 network, a stem of 8 channels, one epoch of 32 fake CIFAR-10 images): it trains
+    (its options that shape blocks, such as locality_attention, ignored), vit-eval measures its
+    checkpoint, vit-export writes it and reads it back, and vit-attention refuses it in one line."""
+    from lab.cifar10_pack import fake_cifar10
+    from vit.commands import export as export_command
+    from vit.commands.attention import main as attention_main
+    from vit.export import read_folder
+
+    root = fake_cifar10(tmp_path / "data", per_class=4)
+    cli.main(
+        [
+            "fit", "--config", str(ROOT / "configs" / "cifar10_cpu.yaml"), "--model.vit.depth", "0",
+            "--model.vit.dim", "32", "--model.vit.conv_stem", "[8, 8, 8, 8, 8]",
+            "--data.init_args.root", str(root), "--data.init_args.download", "false",
+            "--data.init_args.val_size", "8", "--data.init_args.batch_size", "8",
+            "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger.init_args.save_dir", str(runs),
+        ]
+    )  # fmt: skip
+    run = runs / "cifar10_cpu" / "version_0"
+    assert "Total FLOPs" in capsys.readouterr().out  # the model summary counted them
+    assert 0.0 <= last_value(metrics(run), "val/acc") <= 1.0
+    best = run / "checkpoints" / "best.ckpt"
+    classifier, _ = load_checkpoint(best)
+    assert len(classifier.model.blocks) == 0 and classifier.hparams.vit["locality_attention"]
+
+    measured = evaluate(EvalOptions(ckpt=best), progress=False)
+    assert measured["num_images"] == 40 and 0.0 <= measured["top1"] <= 1.0
+    export_command.main(["--ckpt", str(best), "--out", str(tmp_path / "exported")])
+    exported, _ = read_folder(tmp_path / "exported")
+    images = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(images), classifier.model.eval()(images))
+    status, message = command_error(attention_main, ["--ckpt", best, "--out", tmp_path / "maps"], capsys)
+    assert status == 2 and message.endswith("depth 0 (no transformer blocks): it has no attention to show")
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_on_a_cpu_that_emulates_it_trains_in_fp32(monkeypatch, capsys, runs, native):
     """The CIFAR-10 CPU config asks for bf16-mixed; on an AVX2-only CPU that is 18x slower than

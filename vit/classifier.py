@@ -370,7 +370,7 @@ class Classifier(L.LightningModule):
         captured = hp.get("capture_step", False)  # the lr a tensor, which a compiled step reads
         if hp.optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
             matrices = block_matrices(self.model)
-            require(bool(matrices), "optimizer=muon needs a model with transformer blocks (a ViT)")
+            require(bool(matrices), "optimizer=muon needs transformer blocks (a ViT of depth 1 or more)")
             muon_lr = torch.tensor(hp.muon_lr, device=self.device) if captured else hp.muon_lr
             muon = torch.optim.Muon(
                 matrices.values(), lr=muon_lr, momentum=hp.muon_momentum, weight_decay=hp.weight_decay

@@ -39,7 +39,7 @@ class ViTConfig:
     preset: str = "cifar"  # a key of PRESETS
     patch_size: int = 4
     dim: int | None = None
-    depth: int | None = None
+    depth: int | None = None  # 0: no blocks, the control without attention (_check_without_blocks)
     heads: int | None = None
     mlp_ratio: float | None = None
     # positions, the class token and what the head reads
@@ -112,14 +112,20 @@ class ViTConfig:
         c._check_choices()
         c._check_tokens_and_head()
         c._check_stem()
+        c._check_without_blocks()
         c._check_attention()
         return c
 
     def _check_sizes(self) -> None:
-        """Positive sizes, heads that split the width, rates in [0, 1), patches that tile the image."""
-        for name in ("dim", "depth", "heads", "patch_size"):
+        """Positive sizes (depth 0 allowed), heads that split the width, rates in [0, 1), patches
+        that tile the image."""
+        for name in ("dim", "heads", "patch_size"):
             require(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be at least 1")
-        require(self.dim % self.heads == 0, f"dim={self.dim} is not divisible by heads={self.heads}")
+        require(self.depth >= 0, f"depth={self.depth} must be at least 0 (0: no blocks)")
+        require(
+            self.depth == 0 or self.dim % self.heads == 0,  # without blocks no heads split it
+            f"dim={self.dim} is not divisible by heads={self.heads}",
+        )
         for name in ("dropout", "drop_path", "patch_dropout"):
             require(0 <= getattr(self, name) < 1, f"{name}={getattr(self, name)} must lie in [0, 1)")
         image_h, image_w = self.image_size
@@ -175,6 +181,24 @@ class ViTConfig:
                 f"patch_size={self.patch_size} is not divisible by the stem's {self.stem_stride}",
             )
             require(not self.shifted_patches, "conv_stem and shifted_patches do not combine")
+
+    def _check_without_blocks(self) -> None:
+        """Depth 0, the control without attention: the stem, the patch embedding, the positions,
+        the final norm, the patches' mean and the head. What only attention would read is refused;
+        what shapes the blocks (heads, mlp_ratio, locality_attention, layer_scale, drop_path,
+        qkv_bias, fused_attn) is ignored, so a config's control is the same command with
+        `--model.vit.depth 0`; a class token, never read with pool='mean', is kept unused."""
+        if self.depth:
+            return
+        require(
+            self.pool == "mean",
+            "depth 0 needs pool='mean': without blocks the class token never sees the patches, "
+            "so the head would read a constant",
+        )
+        require(not self.distilled, "depth 0 takes no distillation token: its head would read a constant")
+        require(not self.num_registers, "depth 0 takes no registers: they only take part in attention")
+        require(not self.rel_pos_bias, "depth 0 takes no rel_pos_bias: it only biases attention")
+        require(self.attn_window is None, "depth 0 takes no attn_window: it only limits attention")
 
     def _check_attention(self) -> None:
         """The attention window and relative position bias, with what each needs of the tokens."""

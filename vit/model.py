@@ -157,7 +157,8 @@ class PatchEmbed(nn.Module):
 
 
 class ViT(nn.Module):
-    """A ViT of `config` (`ViT(ViTConfig(preset="mini"))`, or the same as `ViT(preset="mini")`)."""
+    """A ViT of `config` (`ViT(ViTConfig(preset="mini"))`, or the same as `ViT(preset="mini")`).
+    `depth=0` is the control without attention: no blocks, the head reads the normed patches' mean."""
 
     # One piece by choice (about 70 lines): the layers are built in the order `forward` uses them,
     # to be read top to bottom beside the paper, as nanoGPT's GPT.__init__ is; that order is also

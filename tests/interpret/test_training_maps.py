@@ -146,11 +146,22 @@ def test_bad_choices_are_refused_before_training(tmp_path, capsys):
     assert not steps
 
 
-def test_a_model_without_attention_trains_on_with_one_line(tmp_path, capsys):
-    cnn = CNNClassifier(num_classes=4, image_size=32, in_channels=1)
+@pytest.mark.parametrize(
+    "network, why", [("cnn", "not a ViT"), ("depth 0", "a ViT of depth 0 has no attention to show")]
+)
+def test_a_model_without_attention_trains_on_with_one_line(tmp_path, capsys, network, why):
+    """A CNN, or a ViT without blocks: each callback says in one line that it shows nothing."""
+    vit = ViTConfig(preset="micro", patch_size=8, depth=0, pool="mean")
+    model = (
+        CNNClassifier(num_classes=4, image_size=32, in_channels=1)
+        if network == "cnn"
+        else ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=vit)
+    )
     maps = AttentionMaps()
-    tiny_fit(tmp_path, [maps], model=cnn, epochs=1)
-    assert "AttentionMaps: nothing to draw (not a ViT)" in capsys.readouterr().out
+    trainer, _, _ = tiny_fit(tmp_path, [maps, EvidenceMass()], model=model, epochs=1)
+    out = capsys.readouterr().out
+    assert f"AttentionMaps: nothing to draw ({why})" in out and f"EvidenceMass: nothing to log ({why})" in out
+    assert trainer.global_step > 0 and "val/evidence_mass_rollout" not in trainer.callback_metrics
     assert not maps.history and not (tmp_path / "run" / "version_0" / "attention").exists()
 
 

@@ -269,11 +269,14 @@ class Analysis(Images):
 
 
 def require_vit(network: torch.nn.Module, source: str) -> ViT:
-    """`network` where it is a ViT: the commands that look inside read its attention and heads."""
+    """`network` where it is a ViT with blocks: the commands that look inside read its attention
+    and heads (a ViT of depth 0, the control without attention, has none)."""
+    from vit.interpret.hooks import require_attention
     from vit.model import ViT
 
     if not isinstance(network, ViT):
         raise ValueError(f"{source} holds a {type(network).__name__}, not a ViT: it has no attention")
+    require_attention(network)
     return network
 
 

@@ -2,7 +2,7 @@
 and tokens carry the prediction. Each module builds only on the ones it names:
 
     callbacks     AttentionMaps, EvidenceMass: maps while training <- maps, evidence, score, figures, hooks
-    explore       the explorable HTML page of the maps (page.html) <- maps
+    explore       the explorable HTML page of the maps (page.html) <- maps, hooks
     score         the maps scored: perturbation, evidence, sanity <- maps, evidence, hooks, stats
     heads         ablation, logit attribution, lens, norms        <- evidence, hooks, stats
     patching      activation patching between image pairs         <- evidence, hooks, stats

@@ -51,6 +51,14 @@ def measuring(network):
         yield
 
 
+def nothing_to_show(network) -> str | None:
+    """Why the callbacks draw and log nothing for `network` (a CNN, a ViT of depth 0: the run
+    trains on, one line says so), or None for a ViT with attention."""
+    if not isinstance(network, ViT):
+        return "not a ViT"
+    return None if network.blocks else "a ViT of depth 0 has no attention to show"
+
+
 def spread_over_classes(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor:
     """`count` indices of `labels`, as many of each class as can be (one of every class before a
     second of any), drawn at random by `seed`, in the order of their classes."""
@@ -103,9 +111,8 @@ class AttentionMaps(Callback):
         if stage != "fit" or self._data is not None:
             return
         network, datamodule = getattr(pl_module, "model", None), trainer.datamodule
-        if not isinstance(network, ViT) or not hasattr(datamodule, "split"):
-            why = "not a ViT" if not isinstance(network, ViT) else "its data module has no split()"
-            print(f"AttentionMaps: nothing to draw ({why})")
+        if (why := nothing_to_show(network)) or not hasattr(datamodule, "split"):
+            print(f"AttentionMaps: nothing to draw ({why or 'its data module has no split()'})")
             return
         for spec in self.specs:
             spec.check(network)  # a cls map of a model without a class token: before training
@@ -223,9 +230,8 @@ class EvidenceMass(Callback):
     def _take_data(self, trainer, pl_module) -> None:
         datamodule, network = trainer.datamodule, getattr(pl_module, "model", None)
         evidence = getattr(datamodule, "evidence", lambda name: None)("val")
-        if not isinstance(network, ViT) or evidence is None:
-            why = f"{type(datamodule).__name__} has no evidence" if evidence is None else "not a ViT"
-            print(f"EvidenceMass: nothing to log ({why})")
+        if (why := nothing_to_show(network)) or evidence is None:
+            print(f"EvidenceMass: nothing to log ({why or f'{type(datamodule).__name__} has no evidence'})")
             self._off = True
             return
         images = datamodule.split("val")[: self.num_images][0]

@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 
 from vit.errors import UsageError
+from vit.interpret.hooks import require_attention
 from vit.interpret.maps import (
     MapSpec,
     attention_rollout,
@@ -181,6 +182,7 @@ def _checked_spec(
     by default the class token's attention, or without one what the head reads)."""
     if not isinstance(model, ViT):
         raise UsageError(f"explore takes a vit.ViT, not a {type(model).__name__}")
+    require_attention(model)
     if head_effects is not None:
         layers, per_layer = len(model.blocks), model.config.heads
         grids = [head_effects[k] for k in ("values", "intervals") if k in head_effects]

@@ -12,6 +12,8 @@ The points, for block i of `model.blocks`:
   explicit path, which `explicit_attention` switches on.
 Each `on_*` gives a (register, hook) pair for `hooks`; its function `fn(x)` reads x and returns None,
 or returns what replaces x. `list.append` records; `recorders` records several points at once.
+A model of depth 0 (no blocks: the control without attention) has none of these points:
+`require_attention` refuses it, here and wherever the tools first read the blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from vit.errors import require
 from vit.model import ViT
 
 Fn = Callable[[torch.Tensor], torch.Tensor | None]
@@ -37,6 +40,11 @@ def model_outputs(model: nn.Module, images: torch.Tensor, batch_size: int) -> to
     device = device_of(model)
     with torch.inference_mode():
         return torch.cat([model(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
+
+
+def require_attention(model: ViT) -> None:
+    """A `UsageError` for a ViT without blocks (depth 0): it has no attention to show."""
+    require(bool(model.blocks), "this ViT has depth 0 (no transformer blocks): it has no attention to show")
 
 
 @contextmanager
@@ -81,6 +89,7 @@ def recorders(
     unknown = set(points) - {"embeddings", *per_block}
     if unknown:
         raise ValueError(f"no hook point {sorted(unknown)[0]!r}; choose embeddings, {', '.join(per_block)}")
+    require_attention(model)
     pairs = [on_embeddings(model, found["embeddings"].append)] if "embeddings" in found else []
     for block in model.blocks:
         pairs += [per_block[point](block, found[point].append) for point in points if point in per_block]
@@ -118,6 +127,7 @@ def record_attention(model: ViT, layers: list[int], keep: Callable[[torch.Tensor
     """Within the `with` block, the attention weights (batch, heads, tokens, tokens) of each chosen
     layer, as its `attend` step computes them on the explicit path, are recorded: `keep(weights)`
     is appended to the yielded dict's list for that layer (vit-pytorch's recorder)."""
+    require_attention(model)
     captured: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
 
     def store(i):

@@ -31,7 +31,13 @@ from einops import rearrange
 from torch import nn
 
 from vit.errors import UsageError
-from vit.interpret.hooks import device_of, explicit_attention, model_outputs, record_attention
+from vit.interpret.hooks import (
+    device_of,
+    explicit_attention,
+    model_outputs,
+    record_attention,
+    require_attention,
+)
 from vit.model import ViT
 
 # How `attention_rollout` fuses the heads of one layer.
@@ -60,6 +66,7 @@ def _resolve(index: int | Sequence[int] | None, size: int, what: str) -> list[in
 
 
 def select_layers(model: ViT, layers: int | Sequence[int] | None) -> list[int]:
+    require_attention(model)  # every map, and MapSpec.check, start here
     return _resolve(layers, len(model.blocks), "layer")
 
 
