@@ -184,8 +184,12 @@ def markdown(report: dict) -> str:
     device = env.get("gpu", "CPU: " + env["cpu"])
     at_once = "one at a time" if n == 1 else f"up to {n} at once"
     shared = "" if n == 1 else ": their speeds share the device"
+    n_epochs = report["epochs"]
+    length = f"{n_epochs} epoch{'s' * (n_epochs != 1)}"
+    if report.get("minutes"):
+        length = f"{report['minutes']:g} minutes of training"
     about = (
-        f"{len(variants)} variants, {report['epochs']} epoch{'s' * (report['epochs'] != 1)} each (seed "
+        f"{len(variants)} variants, {length} each (seed "
         f"{report['seed']}), **{at_once} on one {device}**, {report['threads']} "
         f"CPU threads each{shared}. `{report['command']}`; {report['seconds']:.0f} s in all."
     )
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
     add("--data", metavar="PATH", help="CIFAR-10: image folders, or a pack (lab/cifar10_pack.py)")
     add("--out", metavar="DIR", default="runs/gpu_sweep", help="runs, logs, tables; default %(default)s")
     add("--epochs", type=int, metavar="E", help="epochs a variant; default 30 (1 with --smoke)")
+    add("--minutes", type=float, metavar="M", help="instead of --epochs: each variant's time budget")
     add("--seed", type=int, metavar="S", default=0, help="every variant's --seed_everything; default 0")
     add("--parallel", type=int, metavar="N", default=2, help="variants at once (processes); default 2")
     add("--deadline", type=float, metavar="SECONDS",
@@ -241,15 +246,21 @@ def main(argv: list[str] | None = None) -> dict:
     config = str(Path(args.config).resolve()) if Path(args.config).is_file() else args.config
     epochs = args.epochs or (1 if args.smoke else 5 if args.proxy else 30)
     # eager: compiling costs each process about half a minute of a GPU window and no accuracy
-    base = ["--config", config, "--trainer.max_epochs", str(epochs), "--trainer.max_time", "null",
-            "--model.compile", "false",
-            *EVERY_EPOCH, "--data.init_args.root", str(data), "--data.init_args.download", "false",
+    limit = ["--trainer.max_epochs", str(epochs), "--trainer.max_time", "null"]
+    if args.minutes is not None:  # the config's schedule spans the budget (vit.callbacks.TimeBudget)
+        if args.minutes <= 0:
+            raise SystemExit(f"error: --minutes {args.minutes} must be positive")
+        seconds = round(args.minutes * 60)
+        budget = f"00:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        limit = ["--trainer.max_epochs", "-1", "--trainer.max_time", budget]
+    base = ["--config", config, *limit, "--model.compile", "false", *EVERY_EPOCH,
+            "--data.init_args.root", str(data), "--data.init_args.download", "false",
             "--seed_everything", str(args.seed), *(SMOKE_SPEEDRUN if args.smoke else []),
             *(PROXY if args.proxy else [])]  # fmt: skip
     command = " ".join(["python benchmarks/gpu_sweep.py", *(argv if argv is not None else sys.argv[1:])])
-    report = dict(command=command, config=args.config, epochs=epochs, seed=args.seed, parallel=args.parallel,
-                  proxy=args.proxy,
-                  threads=threads(args.parallel), smoke=args.smoke, environment=environment())  # fmt: skip
+    report = dict(command=command, config=args.config, epochs=epochs, minutes=args.minutes, seed=args.seed,
+                  parallel=args.parallel, proxy=args.proxy, threads=threads(args.parallel), smoke=args.smoke,
+                  environment=environment())  # fmt: skip
     jobs = [Variant(name, overrides, base, out, args.parallel) for name, overrides in variants.items()]
     queue, running, why = list(jobs), [], None  # why: why the sweep ended before its variants
     try:

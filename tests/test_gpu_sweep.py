@@ -100,3 +100,26 @@ def test_the_sweep_starts_its_clock_before_anything_heavy_is_imported():
     code = f"import sys; import benchmarks.gpu_sweep; print(sorted({heavy} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_minutes_give_each_variant_a_time_budget_instead_of_epochs(tmp_path):
+    """`--minutes`: the config's schedule spans a wall-clock budget (4 s here) instead of epochs,
+    and training ends within it; the page says minutes, not epochs."""
+    (tmp_path / "v.yaml").write_text("recipe: []\n")
+    out = tmp_path / "sweep"
+    argv = ["--smoke", "--variants", str(tmp_path / "v.yaml"), "--parallel", "1", "--minutes", "0.07"]
+    gpu_sweep.main([*argv, "--out", str(out)])
+    report = json.loads((out / "sweep.json").read_text())
+    recipe = report["variants"]["recipe"]
+    assert recipe["status"] == "ok", recipe["why"]
+    assert "--trainer.max_epochs -1 --trainer.max_time 00:00:00:04" in recipe["commands"][0]
+    assert 0 < recipe["train_seconds"] <= 4 + 1  # the clock at the last validation
+    assert "0.07 minutes of training each" in (out / "sweep.md").read_text()
+    with pytest.raises(SystemExit, match="--minutes 0.0 must be positive"):
+        gpu_sweep.main([*argv[:-1], "0", "--out", str(out)])
+
+
+def test_the_proxy_shrinks_the_network_and_each_epoch():
+    assert gpu_sweep.PROXY[gpu_sweep.PROXY.index("--model.vit.dim") + 1] == "96"
+    assert gpu_sweep.PROXY[gpu_sweep.PROXY.index("--trainer.limit_train_batches") + 1] == "0.2"
