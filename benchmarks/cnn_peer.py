@@ -20,8 +20,9 @@ README does, and for each run reports:
 
     python benchmarks/cnn_peer.py --data ../shared/data/cifar10-jpeg --runs 5 --json cnn_peer.json
 
-airbench needs CUDA. `--workdir` keeps the written files (about 180 MB); by default they go to a
-temporary folder, removed at the end.
+airbench needs CUDA (the CPU's peer is `benchmarks/cnn_peer_cpu.py`: airbench94's network and
+recipe as this project implements them, trained to a time budget). `--workdir` keeps the written
+files (about 180 MB); by default they go to a temporary folder, removed at the end.
 """
 
 from __future__ import annotations
@@ -165,7 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as e:
         fail(f"airbench cannot be imported ({e}): pip install airbench==0.1.8")
     if not torch.cuda.is_available():
-        fail(f"airbench trains on CUDA and torch {torch.__version__} finds no CUDA device")
+        fail(
+            f"airbench trains on CUDA and torch {torch.__version__} finds no CUDA device "
+            f"(on a CPU: benchmarks/cnn_peer_cpu.py)"
+        )
     with contextlib.ExitStack() as stack:
         if args.workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="airbench-"))

@@ -210,12 +210,13 @@ def test_the_magnitude_tables_are_torchvisions():
     )
 
 
-def test_crop_and_flip_draw_per_sample():
+@pytest.mark.parametrize("padding_mode", ["constant", "reflect"])
+def test_crop_and_flip_draw_per_sample(padding_mode):
     image = (torch.arange(64) + 1).to(torch.uint8).view(1, 1, 8, 8)  # every pixel different
     batch = image.expand(64, 1, 8, 8)
-    padded = F.pad(image, (2, 2, 2, 2))[0, 0]
+    padded = F.pad(image, (2, 2, 2, 2), mode=padding_mode)[0, 0]
     windows = {(dy, dx): padded[dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)}
-    cropped = random_crop_flip(batch, padding=2, flip=False)
+    cropped = random_crop_flip(batch, padding=2, flip=False, padding_mode=padding_mode)
     offsets = [[o for o, window in windows.items() if torch.equal(c[0], window)] for c in cropped]
     assert all(len(o) == 1 for o in offsets)  # each output is one window of the padded image
     assert len({o[0] for o in offsets}) > 5  # drawn per sample

@@ -15,10 +15,11 @@ from torch import nn
 
 from lab.cifar10_pack import fake_cifar10
 from vit import CIFAR10, CNNClassifier, ViTClassifier, ViTConfig, compat
+from vit.cnn import AirbenchCNN
 from vit.commands import train as cli
 from vit.commands.eval import EvalOptions, evaluate
 from vit.errors import UsageError
-from vit.teacher import Teacher, airbench_lr, load_teacher
+from vit.teacher import AirbenchTraining, Teacher, airbench_lr, load_teacher
 
 # a distilled micro ViT of 16x16 grayscale images, 4 patches of 8x8 pixels
 VIT = ViTConfig(preset="micro", patch_size=8, distilled=True)
@@ -158,6 +159,30 @@ def test_vit_train_refuses_a_bad_teacher_in_one_line(runs, tmp_path, capsys):
 def test_the_airbench_schedule():
     """airbench94's get_lr: 0.2 at the start, 1 at 23% of the steps, 0.07 at the end."""
     assert [round(airbench_lr(p), 6) for p in (0.0, 0.115, 0.23, 0.615, 1.0)] == [0.2, 0.6, 1.0, 0.535, 0.07]
+
+
+def test_airbench_training_steps_at_the_schedules_learning_rate_and_freezes_the_stems_bias():
+    """A step at progress p: both groups at their peak times airbench_lr(p) (BatchNorm's biases at
+    64 times the rest), the loss summed over the batch with label smoothing 0.2, as computed
+    before the step; from epoch 3 the stem's bias no longer moves."""
+    torch.manual_seed(0)
+    network = AirbenchCNN(10, 3, widths=(8, 16, 16))
+    images, labels = torch.rand(6, 3, 32, 32), torch.arange(6)
+    network.whiten(images)
+    training = AirbenchTraining(network, batch_size=6)
+    other, biases = training.peak_lr[1], training.peak_lr[0]
+    assert biases == pytest.approx(64 * other)
+    for epoch, progress in ((0, 0.0), (2, 0.5), (3, 0.9)):
+        training.start_epoch(epoch)
+        assert network.training and network.stem.bias.requires_grad == (epoch < 3)
+        with torch.no_grad():
+            expected = F.cross_entropy(network(images), labels, label_smoothing=0.2, reduction="sum")
+        bias = network.stem.bias.detach().clone()
+        loss = training.step(images, labels, progress)
+        torch.testing.assert_close(loss, expected)
+        lrs = [group["lr"] for group in training.optimizer.param_groups]
+        assert lrs == pytest.approx([peak * airbench_lr(progress) for peak in training.peak_lr])
+        assert torch.equal(network.stem.bias, bias) == (epoch >= 3)
 
 
 class Clock(L.Callback):

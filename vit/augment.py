@@ -1,5 +1,5 @@
 """Augmentation of whole batches on their device, each image drawing its own operation: random
-crops of the zero-padded images and horizontal flips (`random_crop_flip`), TrivialAugment Wide
+crops of the padded images and horizontal flips (`random_crop_flip`), TrivialAugment Wide
 (Müller & Hutter, 2021) and RandAugment (Cubuk et al., 2020) with torchvision's operations and
 magnitudes (`torchvision.transforms.v2`), then MixUp (Zhang et al., 2018) or CutMix (Yun et al.,
 2019).
@@ -33,14 +33,17 @@ SIGNED = OPS[1:10]  # ShearX to Sharpness: a range of indices, so a draw tests i
 BINS = 31  # magnitude bins, as torchvision's
 
 
-def random_crop_flip(images: torch.Tensor, padding: int, flip: bool | torch.Tensor) -> torch.Tensor:
-    """Per-sample random crops of the zero-padded images and per-sample horizontal flips, as one
+def random_crop_flip(
+    images: torch.Tensor, padding: int, flip: bool | torch.Tensor, padding_mode: str = "constant"
+) -> torch.Tensor:
+    """Per-sample random crops of the padded images and per-sample horizontal flips, as one
     gather: sample i reads rows dy_i + (0..H-1) and columns dx_i + (0..W-1), the columns
     reversed when it is mirrored: at random with `flip` True, where a (B,) bool tensor `flip` says
-    (alternating flips). (B, C, H, W) of any dtype, on any device."""
+    (alternating flips). (B, C, H, W) of any dtype, on any device. The border is zeros, or the
+    image reflected with `padding_mode="reflect"` (airbench94's translation)."""
     b, c, h, w = images.shape
     device = images.device
-    padded = F.pad(images, (padding,) * 4) if padding else images
+    padded = F.pad(images, (padding,) * 4, mode=padding_mode) if padding else images
     dy = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
     dx = torch.randint(0, 2 * padding + 1, (b, 1), device=device)
     rows = dy + torch.arange(h, device=device)  # (B, H)

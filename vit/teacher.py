@@ -4,12 +4,16 @@
 The ViT's class head learns the labels and its distillation head the teacher's answers (its
 argmax) on the same augmented images, half the loss each (`ViTClassifier(teacher=...)`). The
 teacher is the network of a classifier checkpoint written by vit-train (`load_teacher`), or an
-`AirbenchCNN` trained with airbench94's recipe when training starts (`train_airbench`).
+`AirbenchCNN` trained with airbench94's recipe when training starts (`train_airbench`). The recipe
+itself, a step at a time (`AirbenchTraining`), also trains the CNN peer of the CPU figures
+(benchmarks/cnn_peer_cpu.py), on a time budget.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import lightning as L
@@ -82,16 +86,55 @@ def airbench_optimizer(network: AirbenchCNN, batch_size: int) -> torch.optim.SGD
     return torch.optim.SGD(groups, momentum=hp["momentum"], nesterov=True)
 
 
+class AirbenchTraining:
+    """airbench94's training of an `AirbenchCNN`, a step at a time, for any loop: its optimizer
+    (`airbench_optimizer`), its learning rate at the schedule's progress (`airbench_lr`), the
+    stem's bias learning for the first `whiten_bias_epochs` epochs only, and its loss (label
+    smoothing 0.2, summed over the batch: airbench's learning rate is per image). The loop decides
+    what progress means: steps of an epoch count (`train_airbench`) or time of a budget
+    (benchmarks/cnn_peer_cpu.py); it whitens the stem before the first step (`AirbenchCNN.whiten`).
+    `autocast` makes the context of the forward pass (a trainer's precision, bf16 autocast)."""
+
+    def __init__(
+        self,
+        network: AirbenchCNN,
+        batch_size: int,
+        autocast: Callable[[], AbstractContextManager] = nullcontext,
+    ):
+        self.network, self.autocast = network, autocast
+        self.optimizer = airbench_optimizer(network, batch_size)
+        self.peak_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def start_epoch(self, epoch: int) -> None:
+        """Training mode, and the stem's bias frozen from epoch `whiten_bias_epochs` on."""
+        self.network.train()
+        self.network.stem.bias.requires_grad_(epoch < AIRBENCH["whiten_bias_epochs"])
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor, progress: float) -> torch.Tensor:
+        """One optimizer step on a batch, at `progress` (0 to 1) of the schedule; the batch's
+        summed loss (detached)."""
+        factor = airbench_lr(progress)
+        for group, peak in zip(self.optimizer.param_groups, self.peak_lr, strict=True):
+            group["lr"] = peak * factor  # the weight decay a step follows: lr * weight_decay
+        with self.autocast():
+            logits = self.network(images).float()
+        loss = F.cross_entropy(logits, labels, label_smoothing=AIRBENCH["label_smoothing"], reduction="sum")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+
 def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epochs: int) -> Teacher:
-    """An `AirbenchCNN` trained with airbench94's recipe (`AIRBENCH`, `airbench_optimizer`,
-    `airbench_lr`) for `epochs` epochs of the batches the trainer's data module gives for training
-    (its training loader, augmented by its `on_after_batch_transfer`), on the trainer's device and
-    in its precision; the stem is whitened on the first batch (airbench: on 5,000 training images,
+    """An `AirbenchCNN` trained with airbench94's recipe (`AirbenchTraining`) for `epochs` epochs
+    of the batches the trainer's data module gives for training (its training loader, augmented by
+    its `on_after_batch_transfer`), the schedule by steps, on the trainer's device and in its
+    precision; the stem is whitened on the first batch (airbench: on 5,000 training images,
     not augmented) and its bias learns for 3 epochs. Then its accuracy on the validation split;
     both are printed and logged (`teacher/acc`, `time/teacher_seconds`). Left out: airbench's
     Lookahead. With several processes, each trains its own."""
     start = time.perf_counter()
-    datamodule, device, hp = trainer.datamodule, trainer.strategy.root_device, AIRBENCH
+    datamodule, device = trainer.datamodule, trainer.strategy.root_device
     network = AirbenchCNN(num_classes, in_channels).to(device)
     if device.type == "cuda":  # cuDNN's faster NHWC kernels
         network = network.to(memory_format=torch.channels_last)
@@ -102,21 +145,13 @@ def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epoch
             yield datamodule.on_after_batch_transfer([t.to(device) for t in batch], 0)
 
     network.whiten(next(batches())[0])
-    optimizer = airbench_optimizer(network, datamodule.batch_size)
-    steps = max(epochs * len(loader), 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: airbench_lr(step / steps))
-    network.train()
+    training = AirbenchTraining(network, datamodule.batch_size, trainer.precision_plugin.forward_context)
+    steps, step = max(epochs * len(loader), 1), 0
     for epoch in range(epochs):
-        network.stem.bias.requires_grad_(epoch < hp["whiten_bias_epochs"])
+        training.start_epoch(epoch)
         for images, labels in batches():
-            with trainer.precision_plugin.forward_context():
-                logits = network(images).float()
-            # summed over the batch: airbench's learning rate is per image
-            loss = F.cross_entropy(logits, labels, label_smoothing=hp["label_smoothing"], reduction="sum")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            training.step(images, labels, step / steps)
+            step += 1
     network.eval()
     correct, count = torch.zeros((), device=device), 0
     with torch.inference_mode(), trainer.precision_plugin.forward_context():
