@@ -220,3 +220,53 @@ def test_an_airbench_teacher_trains_on_the_training_clock(tmp_path, monkeypatch,
     assert trainer.global_step == steps and len(augmented) == 1 + 2 * steps  # whitening, teacher, ViT
     teacher = student.teacher
     assert isinstance(teacher, Teacher) and not teacher.network.stem.weight.requires_grad  # whitened
+
+
+def test_an_airbench_teacher_alternates_its_flips_by_its_own_epochs(tmp_path, monkeypatch):
+    """With `flip: alternate`, the teacher's epochs mirror each image one way then the other, as the
+    ViT's do: it trains before the trainer's first epoch, so the parity is the teacher's epoch."""
+    parities = []
+    augment = CIFAR10.augment
+
+    def spy(self, *batch):
+        parities.append(bool(self.odd_epoch))
+        return augment(self, *batch)
+
+    monkeypatch.setattr(CIFAR10, "augment", spy)
+    root = fake_cifar10(tmp_path / "data", per_class=4)
+    data = CIFAR10(root=str(root), val_size=8, batch_size=8, flip="alternate")
+    student = ViTClassifier(vit=VIT, teacher="airbench", teacher_epochs=2)
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, num_sanity_val_steps=0, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(student, data)
+    per_epoch = 32 // 8
+    # whitening (epoch 0), the teacher's two epochs, then the ViT's first step (epoch 0)
+    assert parities == [False] * (1 + per_epoch) + [True] * per_epoch + [False]
+
+
+def test_an_airbench_teacher_trains_before_a_captured_step(tmp_path, monkeypatch):
+    """A captured step augments raw batches itself, so the data module leaves them raw: the teacher
+    augments its own (it trained on uint8 images before, and failed). The step is traced again at
+    the first step, with the teacher in it (it trains on the clock, after the capture)."""
+    graphs = []
+    compile_ = torch.compile
+    monkeypatch.setattr(
+        "vit.step.torch.compile",
+        lambda fn, mode=None, fullgraph=True: compile_(
+            fn, backend=lambda gm, inputs: graphs.append(gm) or gm.forward, fullgraph=True
+        ),
+    )
+    torch._dynamo.reset()
+    root = fake_cifar10(tmp_path / "data", per_class=4)
+    data = CIFAR10(root=str(root), val_size=8, batch_size=8, policy="trivial")
+    student = ViTClassifier(vit=VIT, teacher="airbench", teacher_epochs=1, compile=True, capture_step=True)
+    student.model.compile = lambda mode=None: None  # the network's own compilation: eager here
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, num_sanity_val_steps=0, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(student, data)
+    assert trainer.global_step == 3 and student.teacher is not None
+    assert len(graphs) == 2  # captured before the clock, and again with the teacher

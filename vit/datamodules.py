@@ -353,10 +353,14 @@ class ImageDataModule(InMemoryDataModule):
             images = self.policy(images)
         return mix(to_float(images), labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
 
+    def start_epoch(self, epoch: int) -> None:
+        """The epoch whose batches `augment` augments next: alternating flips read its parity."""
+        if self.mirrored is not None:
+            self.odd_epoch.fill_(epoch % 2 == 1)
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.training:
-            if self.mirrored is not None:
-                self.odd_epoch.fill_(self.trainer.current_epoch % 2 == 1)
+            self.start_epoch(self.trainer.current_epoch)
             # a captured training step augments the raw batch inside its graph
             if not getattr(getattr(self.trainer, "lightning_module", None), "augments_batches", False):
                 return self.augment(*batch)

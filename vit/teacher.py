@@ -128,11 +128,11 @@ class AirbenchTraining:
 def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epochs: int) -> Teacher:
     """An `AirbenchCNN` trained with airbench94's recipe (`AirbenchTraining`) for `epochs` epochs
     of the batches the trainer's data module gives for training (its training loader, augmented by
-    its `on_after_batch_transfer`), the schedule by steps, on the trainer's device and in its
-    precision; the stem is whitened on the first batch (airbench: on 5,000 training images,
-    not augmented) and its bias learns for 3 epochs. Then its accuracy on the validation split;
-    both are printed and logged (`teacher/acc`, `time/teacher_seconds`). Left out: airbench's
-    Lookahead. With several processes, each trains its own."""
+    its `augment` for each epoch, as a captured step would), the schedule by steps, on the
+    trainer's device and in its precision; the stem is whitened on the first batch (airbench: on
+    5,000 training images, not augmented) and its bias learns for 3 epochs. Then its accuracy on
+    the validation split; both are printed and logged (`teacher/acc`, `time/teacher_seconds`).
+    Left out: airbench's Lookahead. With several processes, each trains its own."""
     start = time.perf_counter()
     datamodule, device = trainer.datamodule, trainer.strategy.root_device
     network = AirbenchCNN(num_classes, in_channels).to(device)
@@ -140,16 +140,20 @@ def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epoch
         network = network.to(memory_format=torch.channels_last)
     loader = datamodule.train_dataloader()
 
-    def batches():  # an epoch of training batches, as the ViT sees them
+    def batches(epoch: int):  # an epoch of training batches, augmented as the ViT's are
+        augment = getattr(datamodule, "augment", None)  # the raw batches' augmentation
+        if augment is not None:
+            datamodule.start_epoch(epoch)  # not the trainer's: it has not started its first yet
         for batch in loader:
-            yield datamodule.on_after_batch_transfer([t.to(device) for t in batch], 0)
+            batch = [t.to(device) for t in datamodule.on_before_batch_transfer(batch, 0)]
+            yield augment(*batch) if augment is not None else datamodule.on_after_batch_transfer(batch, 0)
 
-    network.whiten(next(batches())[0])
+    network.whiten(next(batches(0))[0])
     training = AirbenchTraining(network, datamodule.batch_size, trainer.precision_plugin.forward_context)
     steps, step = max(epochs * len(loader), 1), 0
     for epoch in range(epochs):
         training.start_epoch(epoch)
-        for images, labels in batches():
+        for images, labels in batches(epoch):
             training.step(images, labels, step / steps)
             step += 1
     network.eval()
