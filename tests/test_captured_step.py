@@ -72,8 +72,8 @@ def fit(tmp_path, steps, capture: bool, policy="trivial", ema=True, vit=VIT, mod
 
 @pytest.mark.parametrize(
     "policy, model_args",
-    [("trivial", {}), ("randaugment", {}), ("none", {}), ("trivial", {"optimizer": "muon"})],
-    ids=["trivial", "randaugment", "none", "muon"],
+    [("trivial", {}), ("randaugment", {}), ("trivial", {"optimizer": "muon"})],
+    ids=["trivial", "randaugment", "muon"],
 )
 def test_the_whole_step_is_one_graph(tmp_path, counted, policy, model_args):
     model, _ = fit(tmp_path, 1, capture=True, policy=policy, model_args=model_args)
@@ -108,15 +108,16 @@ LEVERS = {"adamw": ({}, {}), "alternate_flips": ({}, {"flip": "alternate"})}
 
 @pytest.mark.parametrize("lever", LEVERS)
 def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
-    """Same seed, same data, 18 steps each (two epochs and a half): the same weights, EMA average
+    """Same seed, same data, 12 steps each (into the second epoch): the same weights, EMA average
     and optimizer state. The captured step's draws come in the eager step's order
     (augmentation, then drop path). With alternating flips too, whose parity changes each epoch.
-    Adam divides by sqrt(v) + eps, so rounding differences of 1e-7 grow to 1e-6 in 18 steps."""
+    Adam divides by sqrt(v) + eps, so rounding differences of 1e-7 grow to 1e-6 in 12 steps."""
     model_args, data = LEVERS[lever]
-    captured, captured_trainer = fit(tmp_path / "a", 18, capture=True, model_args=model_args, **data)
-    eager, eager_trainer = fit(tmp_path / "b", 18, capture=False, model_args=model_args, **data)
-    assert captured_trainer.global_step == eager_trainer.global_step == 18
-    assert counted.graphs == 1  # over three epochs (alternating flips read the epoch's parity)
+    captured, captured_trainer = fit(tmp_path / "a", 12, capture=True, model_args=model_args, **data)
+    eager, eager_trainer = fit(tmp_path / "b", 12, capture=False, model_args=model_args, **data)
+    assert captured_trainer.global_step == eager_trainer.global_step == 12
+    assert captured_trainer.current_epoch == 1  # the parity of alternating flips changed
+    assert counted.graphs == 1  # no recompilation when the epoch changes
     start = ViTClassifier(vit=VIT).model.state_dict()  # weights that moved prove the steps ran
     assert_same_weights(captured.model, eager.model)
     weights = captured.model.state_dict()
@@ -129,7 +130,7 @@ def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
     for key, state in states[1].items():
         assert states[0][key].keys() == state.keys()
         for name, value in state.items():
-            # the moments of the stem's gradients drift by up to 0.5% of an element in 18 steps
+            # the moments of the stem's gradients drift by up to 0.5% of an element in 12 steps
             assert (states[0][key][name] - value).norm() <= 1e-3 * value.norm(), (key, name)
 
 
