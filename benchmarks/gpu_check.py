@@ -12,8 +12,8 @@ Steps, each in its own process (a failing step is reported and the next one runs
    recipe's transformer at 32x32 and for ViT-S/16 at 224 (batch 256), each a share of the GPU's
    bf16 matrix-product rate measured in the same run;
 4. speedrun: `configs/cifar10_gpu.yaml` for each budget (2 minutes and 20 s; `-captured`: with the
-   whole training step as one graph, `--model.capture_step true`), then vit-eval with
-   and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the seconds of
+   whole training step as one graph, `--model.capture_step true`; `-levers`: that and `LEVERS`),
+   then vit-eval with and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the seconds of
    validation and checkpoints, the loop's images a second (against throughput.py's compiled
    rate), the compilation before the clock and the whole command's wall time;
 5. sweep: `benchmarks/gpu_sweep.py`, the variants of benchmarks/gpu_sweep.yaml for a few epochs
@@ -52,11 +52,16 @@ CAPTURED = [
     "--model.capture_step", "true", "--trainer.callbacks+=vit.callbacks.Profile",
     "--trainer.callbacks.start", "200", "--trainer.callbacks.steps", "20",
 ]  # fmt: skip
+# the levers that the CPU proxy ranked first (docs/gpu/2026-11-28-cpu-proxy.md): Muon, the whitened
+# stem, no augmentation policy
+LEVERS = ["--model.optimizer", "muon", "--model.whiten_stem", "true", "--data.init_args.policy", "none"]
 BUDGETS = {
     "120s": ("00:00:02:00", []),
     "20s": ("00:00:00:20", []),
     "120s-captured": ("00:00:02:00", CAPTURED),
     "20s-captured": ("00:00:00:20", CAPTURED),
+    "120s-levers": ("00:00:02:00", [*CAPTURED, *LEVERS]),
+    "20s-levers": ("00:00:00:20", [*CAPTURED, *LEVERS]),
 }
 SMOKE_BUDGETS = {"5s": ("00:00:00:05", [])}
 # toy sizes for --smoke: the same configs and code paths, small enough for a CPU
