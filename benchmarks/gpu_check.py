@@ -13,9 +13,10 @@ Steps, each in its own process (a failing step is reported and the next one runs
    bf16 matrix-product rate measured in the same run;
 4. speedrun: `configs/cifar10_gpu.yaml` for each budget (2 minutes and 20 s; `-captured`: with the
    whole training step as one graph, `--model.capture_step true`; `-levers`: that and `LEVERS`),
-   then vit-eval with and without flip TTA: test top-1, optimizer steps, epochs, training seconds, the seconds of
-   validation and checkpoints, the loop's images a second (against throughput.py's compiled
-   rate), the compilation before the clock and the whole command's wall time;
+   then vit-eval with and without flip TTA: test top-1, optimizer steps, epochs, training
+   seconds, the seconds of validation and checkpoints, the loop's images a second (against
+   throughput.py's compiled rate), the compilation before the clock and the whole command's wall
+   time;
 5. sweep: `benchmarks/gpu_sweep.py`, the variants of benchmarks/gpu_sweep.yaml for a few epochs
    each, several processes sharing the GPU, within the time left;
 6. cnn_peer: airbench's 94% schedule on the same CIFAR-10 copy and GPU (`benchmarks/cnn_peer.py`).

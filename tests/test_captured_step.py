@@ -116,7 +116,7 @@ def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
     captured, captured_trainer = fit(tmp_path / "a", 12, capture=True, model_args=model_args, **data)
     eager, eager_trainer = fit(tmp_path / "b", 12, capture=False, model_args=model_args, **data)
     assert captured_trainer.global_step == eager_trainer.global_step == 12
-    assert captured_trainer.current_epoch == 1  # the parity of alternating flips changed
+    assert captured_trainer.current_epoch >= 1  # the parity of alternating flips changed
     assert counted.graphs == 1  # no recompilation when the epoch changes
     start = ViTClassifier(vit=VIT).model.state_dict()  # weights that moved prove the steps ran
     assert_same_weights(captured.model, eager.model)
