@@ -316,7 +316,13 @@ def step_speedrun(args, out: Path, data: Path) -> dict:
 
 def step_sweep(args, out: Path, data: Path) -> dict:
     log = out / "logs" / "sweep.log"
-    where = ["--smoke"] if args.smoke else ["--data", str(data), *SWEEP]
+    where = ["--data", str(data), *SWEEP]
+    if args.smoke:  # the queue's first two (each variant's own smoke: gpu_sweep.py --smoke)
+        import yaml
+
+        first = dict(list(yaml.safe_load((ROOT / "benchmarks" / "gpu_sweep.yaml").read_text()).items())[:2])
+        (out / "smoke_variants.yaml").write_text(yaml.safe_dump(first))
+        where = ["--smoke", "--variants", str(out / "smoke_variants.yaml")]
     # its own deadline, before this step's: it stops its variants and writes its table itself. The
     # margin covers what its clock does not see: Python's start and exit, and stopping the variants
     # (on a fresh H100 machine the step took 14 s beyond the sweep's own 91 s)

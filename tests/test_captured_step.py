@@ -72,8 +72,8 @@ def fit(tmp_path, steps, capture: bool, policy="trivial", ema=True, vit=VIT, mod
 
 @pytest.mark.parametrize(
     "policy, model_args",
-    [("trivial", {}), ("randaugment", {}), ("trivial", {"optimizer": "muon"})],
-    ids=["trivial", "randaugment", "muon"],
+    [("trivial", {}), ("trivial", {"optimizer": "muon"})],
+    ids=["adamw", "muon"],
 )
 def test_the_whole_step_is_one_graph(tmp_path, counted, policy, model_args):
     model, _ = fit(tmp_path, 1, capture=True, policy=policy, model_args=model_args)

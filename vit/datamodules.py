@@ -360,7 +360,8 @@ class ImageDataModule(InMemoryDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.training:
-            self.start_epoch(self.trainer.current_epoch)
+            if self.mirrored is not None:
+                self.start_epoch(self.trainer.current_epoch)
             # a captured training step augments the raw batch inside its graph
             if not getattr(getattr(self.trainer, "lightning_module", None), "augments_batches", False):
                 return self.augment(*batch)
