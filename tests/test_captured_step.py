@@ -4,6 +4,7 @@ draws recompile nothing, and it trains as the eager step does (same seeds, same 
 
 from __future__ import annotations
 
+import csv
 import functools
 from dataclasses import replace
 
@@ -201,3 +202,30 @@ def test_muon_steps_in_the_graph_as_torch_muon_up_to_bf16_rounding_of_its_update
     assert counted.graphs == 1
     momentum = optimizer.state[captured]["momentum_buffer"]
     torch.testing.assert_close(momentum, reference.state[eager]["momentum_buffer"])
+
+
+def test_the_captured_step_logs_the_eager_steps_figures_at_the_same_steps(tmp_path, counted):
+    """train/loss and train/lr are read back on logging steps only (a wait for a GPU): the captured
+    loop logs them at the eager loop's steps, with the eager loop's values."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    logged = {}
+    for capture in (True, False):
+        L.seed_everything(0)
+        root = fake_cifar10(tmp_path / f"data{capture}", per_class=12)
+        data = CIFAR10(root=str(root), val_size=16, batch_size=16, policy="trivial")
+        model = ViTClassifier(vit=VIT, decay="linear", compile=capture, capture_step=capture)
+        model.model.compile = lambda mode=None: None
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=9, log_every_n_steps=4, limit_val_batches=0,
+            logger=CSVLogger(tmp_path, name=str(capture)), callbacks=[EMA(decay=0.9)],
+            enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
+        )  # fmt: skip
+        trainer.fit(model, data)
+        rows = list(csv.DictReader(open(tmp_path / str(capture) / "version_0" / "metrics.csv")))
+        logged[capture] = {
+            key: [(r["step"], round(float(r[key]), 5)) for r in rows if r.get(key)]
+            for key in ("train/loss", "train/lr")
+        }
+    assert logged[True] == logged[False]
+    assert [step for step, _ in logged[True]["train/loss"]] == ["3", "7"]

@@ -300,9 +300,9 @@ class Classifier(L.LightningModule):
         optimizer = self.optimizers()
         optimizer._on_before_step()
         loss, logits = self.captured(*batch)
+        self._log("train", logits, batch[1], loss, self.train_acc)  # at the eager step's global_step
         optimizer._on_after_step()
         self.lr_schedulers().step()  # fills the lr tensors in place
-        self._log("train", logits, batch[1], loss, self.train_acc)
         return None
 
     @property
