@@ -15,10 +15,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from vit.errors import require
+from vit.layers import whitening_filters
 
 # "circular" wraps like the wrap-around canvas; "zeros" lets a unit see the image border (a
 # position cue); "valid" drops the border, so no unit sees it.
@@ -171,14 +171,10 @@ class AirbenchCNN(nn.Module):
         patches' covariance, each divided by sqrt(eigenvalue + eps), and their negatives. airbench's
         images are normalised; these are in [0, 1], so the patches are centred first and the bias
         subtracts the mean patch (airbench trains the bias for 3 epochs; `vit.teacher` does too)."""
-        h, w = self.stem.kernel_size
-        patches = rearrange(images.float().unfold(2, h, 1).unfold(3, w, 1), "n c y x h w -> (n y x) (c h w)")
-        mean = patches.mean(dim=0)
-        eigenvalues, eigenvectors = torch.linalg.eigh(torch.cov(patches.T))  # ascending
-        filters = (eigenvectors / (eigenvalues + eps).sqrt()).T.flip(0)  # one a row, largest first
-        weight = torch.cat((filters, -filters))
-        self.stem.weight.copy_(weight.view_as(self.stem.weight))
-        self.stem.bias.copy_(-weight @ mean)
+        filters, mean = whitening_filters(images, self.stem.kernel_size, eps)  # largest first
+        weight = torch.cat((filters, -filters)).to(self.stem.weight.dtype)
+        self.stem.weight.copy_(weight)
+        self.stem.bias.copy_(-weight.flatten(1) @ mean.to(weight.dtype))
         self.stem.weight.requires_grad_(False)
 
 

@@ -209,8 +209,9 @@ WHITEN_EPS = 3e-5
 
 def whitening_filters(
     images: torch.Tensor, kernel_size: tuple[int, int], eps: float = WHITEN_EPS
-) -> torch.Tensor:
-    """Filters (C*kh*kw, C, kh, kw) that whiten the kh x kw patches of `images` (N, C, H, W): the
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Filters (C*kh*kw, C, kh, kw) that whiten the kh x kw patches of `images` (N, C, H, W), and
+    the patches' mean (C*kh*kw,), which a bias of -filters @ mean takes off: the
     eigenvectors of the patches' covariance, largest eigenvalue first, each divided by
     sqrt(eigenvalue + eps), so each filter's response has variance eigenvalue / (eigenvalue + eps)
     (about 1) and the responses are uncorrelated (airbench's `init_whiten`, which takes the second
@@ -228,7 +229,7 @@ def whitening_filters(
     mean = total / count
     eigenvalues, eigenvectors = torch.linalg.eigh(products / count - mean[:, None] * mean)  # ascending
     filters = (eigenvectors.T / (eigenvalues[:, None] + eps).sqrt()).flip(0)
-    return filters.reshape(size, images.shape[1], kh, kw)
+    return filters.reshape(size, images.shape[1], kh, kw), mean
 
 
 @torch.no_grad()
@@ -236,8 +237,7 @@ def whiten_(conv: nn.Conv2d, images: torch.Tensor, eps: float = WHITEN_EPS) -> i
     """Set the first filters of `conv` to `whitening_filters` of `images`, each with its negative
     (airbench's pairs: a ReLU after keeps both halves), as many pairs as its filters have room for,
     largest eigenvalue first; the filters beyond them are left as they are. Returns how many were set."""
-    filters = whitening_filters(images, conv.kernel_size, eps)
-    filters = filters[: conv.out_channels // 2]
+    filters = whitening_filters(images, conv.kernel_size, eps)[0][: conv.out_channels // 2]
     conv.weight[: 2 * len(filters)] = torch.cat((filters, -filters)).to(conv.weight.dtype)
     return 2 * len(filters)
 
