@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import save_as_vit_train
 
-from vit import TwoCircles, ViTClassifier, ViTConfig, compat
+from vit import TwoCircles, ViTClassifier, ViTConfig
 
 
 @pytest.fixture
@@ -47,16 +48,7 @@ def trained_checkpoint(trained, tmp_path_factory) -> Path:
     the format version (tests/test_compat.py reads the files of older versions)."""
     model, data = trained
     path = tmp_path_factory.mktemp("trained") / "tiny.ckpt"
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": {**model.hparams, "_class_path": "vit.classifier.ViTClassifier"},
-            "datamodule_hyper_parameters": {**data.hparams, "_class_path": "vit.two_circles.TwoCircles"},
-            "preparation": data.preparation.to_dict(),
-            compat.CHECKPOINT_KEY: compat.FORMAT_VERSION,
-        },
-        path,
-    )
+    save_as_vit_train(model, data, path)
     return path
 
 

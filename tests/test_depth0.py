@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import command_error, write_image
+from helpers import command_error, save_as_vit_train, write_image
 
-from vit import TwoCircles, ViTClassifier, ViTConfig, compat
+from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.commands.attention import main as attention_main
 from vit.errors import UsageError
 from vit.interpret import heads, patching
@@ -120,16 +120,7 @@ def depth_0_checkpoint(tmp_path_factory):
     vit = ViTConfig(preset="micro", patch_size=8, depth=0, pool="mean")
     model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=vit)
     path = tmp_path_factory.mktemp("depth0") / "depth0.ckpt"
-    torch.save(
-        {
-            "state_dict": model.state_dict(),
-            "hyper_parameters": {**model.hparams, "_class_path": "vit.classifier.ViTClassifier"},
-            "datamodule_hyper_parameters": {**data.hparams, "_class_path": "vit.two_circles.TwoCircles"},
-            "preparation": data.preparation.to_dict(),
-            compat.CHECKPOINT_KEY: compat.FORMAT_VERSION,
-        },
-        path,
-    )
+    save_as_vit_train(model, data, path)
     return path
 
 
