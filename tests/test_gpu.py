@@ -8,8 +8,11 @@ logits; bf16 keeps 8 bits of mantissa, so bf16 attention agrees with fp32 to abo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import traceback
+import warnings
 
 import pytest
 import torch
@@ -26,6 +29,30 @@ pytestmark = [
 ]
 FP32 = dict(atol=1e-4, rtol=1e-4)  # logits of a tiny model, GPU (TF32 off) against the CPU
 BF16 = dict(atol=3e-2, rtol=3e-2)  # bf16 attention against fp32
+
+
+@contextlib.contextmanager
+def synchronisations():
+    """The calls that made the host wait for the GPU inside, once a test sets torch's
+    synchronisation debug mode to "warn" (from the step it watches): each as the two innermost
+    frames of this project, torchvision or Lightning that made it. The mode is reset on the way out."""
+    syncs = []
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        if "called a synchronizing" in str(message):  # not the notice that the mode is a prototype
+            frames = traceback.extract_stack()[:-1]
+            ours = [f for f in frames if any(k in f.filename for k in ("vit/", "torchvision/", "lightning/"))]
+            where = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in ours[::-1][:2]]
+            syncs.append(" <- ".join(where))
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = note
+            yield syncs
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.fixture(autouse=True)
@@ -147,8 +174,6 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
     there, an EMA of the weights, bf16, logging every 50 steps) nothing waits for the GPU: torch's
     synchronisation debug mode reports no synchronising call. A failure lists each call with the
     two innermost frames of this project, torchvision or Lightning that made it."""
-    import traceback
-    import warnings
 
     import lightning as L
     from lightning.pytorch.callbacks import Callback
@@ -174,22 +199,8 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path):
         callbacks=[Watch(), EMA(decay=0.99), ProgressBar(refresh_rate=50)], logger=False,
         enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
     )  # fmt: skip
-    syncs = []
-
-    def note(message, category, filename, lineno, file=None, line=None):
-        if "called a synchronizing" in str(message):  # not the notice that the mode is a prototype
-            frames = traceback.extract_stack()[:-1]
-            ours = [f for f in frames if any(k in f.filename for k in ("vit/", "torchvision/", "lightning/"))]
-            where = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in ours[::-1][:2]]
-            syncs.append(" <- ".join(where))
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = note
-            trainer.fit(model, data)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with synchronisations() as syncs:
+        trainer.fit(model, data)
     assert data.splits["train"].images.is_cuda  # held on the GPU
     print("\n".join(sorted(set(syncs))))  # whole: pytest shortens a long assertion message
     assert not syncs, sorted(set(syncs))
@@ -225,8 +236,6 @@ def captured_fit(tmp_path, capture: bool, accelerator: str = "gpu", watch_from: 
     """A fit of 12 steps with nothing drawn at random but the batch order (no crops, flips or drop
     path: inductor's random numbers are not eager's), fp32, an EMA; with `watch_from`, torch's
     synchronisation debug mode from that step on. Returns the model, trainer and the syncs seen."""
-    import traceback
-    import warnings
 
     import lightning as L
     from lightning.pytorch.callbacks import Callback
@@ -259,23 +268,8 @@ def captured_fit(tmp_path, capture: bool, accelerator: str = "gpu", watch_from: 
         callbacks=[Watch(), EMA(decay=0.9)], enable_checkpointing=False, enable_progress_bar=False,
         num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp_path,
     )  # fmt: skip
-    syncs = []
-
-    def note(message, category, filename, lineno, file=None, line=None):
-        if "called a synchronizing" in str(message):
-            frames = traceback.extract_stack()[:-1]
-            ours = [f for f in frames if "vit/" in f.filename or "lightning/" in f.filename]
-            where = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in ours[::-1][:2]]
-            syncs.append(" <- ".join(where))
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = note
-            trainer.fit(model, data)
-    finally:
-        if torch.cuda.is_available():
-            torch.cuda.set_sync_debug_mode("default")
+    with synchronisations() as syncs:
+        trainer.fit(model, data)
     return model, trainer, syncs, graphs
 
 
