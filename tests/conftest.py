@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import save_as_vit_train
+from s3server import own_s3_server, s3, s3_server  # noqa: F401  (the S3 server's fixtures)
 
 from vit import TwoCircles, ViTClassifier, ViTConfig
 
