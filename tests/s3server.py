@@ -8,6 +8,7 @@ command it runs. moto accepts any key pair; a test of wrong credentials turns on
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -26,14 +27,16 @@ def free_port() -> int:
 class S3Server:
     """moto's server in a process of its own, on a free port of 127.0.0.1."""
 
-    def __init__(self):
+    def __init__(self, env: dict[str, str] | None = None):
+        self.extra_env = env or {}  # of the server's process: INITIAL_NO_AUTH_ACTION_COUNT turns on IAM
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> S3Server:
         command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.process = subprocess.Popen(command, env={**os.environ, **self.extra_env}, **quiet)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

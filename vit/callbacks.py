@@ -10,6 +10,7 @@ in `vit.interpret.callbacks`.)"""
 from __future__ import annotations
 
 import itertools
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,27 +29,37 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit import compat
+from vit import compat, storage
 
 
-def run_folder(trainer: L.Trainer) -> Path:
+def run_folder(trainer: L.Trainer) -> Path | str:
     """The folder of a run, where Lightning's ModelCheckpoint puts its `checkpoints/`: the CSV and
     TensorBoard loggers' `runs/<name>/version_N`, MLflow's `<save_dir>/<experiment id>/<run id>`
-    (under `--trainer.default_root_dir` with a tracking server), that root without a logger."""
+    (under `--trainer.default_root_dir` with a tracking server), that root without a logger. A
+    Path, or a URL string where the run is in an object store (s3://bucket/runs/<name>/version_N:
+    write into it with `vit.storage`)."""
     if not trainer.loggers:
-        return Path(trainer.default_root_dir)
+        return storage.join(trainer.default_root_dir)
     logger = trainer.loggers[0]
     if isinstance(logger, CSVLogger | TensorBoardLogger):
-        return Path(logger.log_dir)
+        return storage.join(logger.log_dir)
     version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
+    return storage.join(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
 
 
-def log_artifact(trainer: L.Trainer, path: Path, folder: str | None = None) -> None:
+def log_artifact(trainer: L.Trainer, path: Path | str, folder: str | None = None) -> None:
     """`path` logged as an artifact (in `folder`) to each MLflow logger of the trainer: the files
-    of a run that its tracker shows beside the figures (config.yaml, the attention maps)."""
-    for logger in trainer.loggers:
-        if isinstance(logger, MLFlowLogger):
+    of a run that its tracker shows beside the figures (config.yaml, the attention maps). MLflow
+    logs local files: a URL's object is copied into a temporary folder first."""
+    loggers = [logger for logger in trainer.loggers if isinstance(logger, MLFlowLogger)]
+    if not loggers:
+        return
+    with tempfile.TemporaryDirectory() as temporary:
+        if storage.is_url(path):
+            local = Path(temporary, str(path).rsplit("/", 1)[-1])
+            local.write_bytes(storage.read_bytes(path))
+            path = local
+        for logger in loggers:
             logger.experiment.log_artifact(logger.run_id, str(path), folder)
 
 
@@ -422,10 +433,14 @@ class Profile(Callback):
         for sort in sorts:
             lines += [f"by {sort}:", events.table(sort_by=sort, row_limit=self.rows), ""]
         folder = run_folder(trainer)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "profile.txt").write_text("\n".join(lines))
-        if self.trace:
-            self.profiler.export_chrome_trace(str(folder / "profile.json"))
+        storage.write_text(storage.join(folder, "profile.txt"), "\n".join(lines))
+        trace = storage.join(folder, "profile.json")
+        if self.trace and storage.is_url(trace):  # torch writes a trace into a local file only
+            with tempfile.TemporaryDirectory() as temporary:
+                self.profiler.export_chrome_trace(str(Path(temporary, "profile.json")))
+                storage.write_bytes(trace, Path(temporary, "profile.json").read_bytes())
+        elif self.trace:
+            self.profiler.export_chrome_trace(str(trace))
         self.profiler = None
         print(lines[0])
         for logger in trainer.loggers:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import io
 import os
 import pickle
 import re
@@ -30,7 +31,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from vit import compat
+from vit import compat, storage
 from vit.classifier import Classifier, CNNClassifier, ViTClassifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.errors import UsageError, one_line
@@ -95,12 +96,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     moment leaves the previous last.ckpt loadable. Lightning writes its temporary file in the
     system's temporary folder and moves it into place; where that folder is another filesystem
     (a tmpfs /tmp), the move is a copy into the target, and a kill during it left a truncated
-    last.ckpt. Paths with a protocol (s3://...) are written as Lightning writes them. vit-train
-    uses it unless the trainer is given another CheckpointIO."""
+    last.ckpt. A URL (s3://...) is written by one PUT, which an object store shows whole or not at
+    all (it has no rename); not as Lightning writes it, which creates a missing bucket and drops a
+    PermissionError silently (`_atomic_save`). vit-train uses it unless the trainer is given
+    another CheckpointIO."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        if "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage.is_url(path):
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            storage.write_bytes(str(path), buffer.getvalue())
+            return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -119,12 +125,14 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """The contents of a checkpoint written by vit-train (of any version: `vit.compat` upgrades
     older ones to today's format), read without unpickling code. A missing
     file is a FileNotFoundError; a file that would run code, a truncated or corrupt one, or one
-    that is no vit-train checkpoint a ValueError: each a line that names the file."""
-    path = Path(path)
-    if not path.is_file():
+    that is no vit-train checkpoint a ValueError: each a line that names the file. `path` may be a
+    URL (s3://bucket/.../best.ckpt, `vit.storage`)."""
+    path = str(path) if storage.is_url(path) else Path(path)
+    if not storage.is_file(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    source = io.BytesIO(storage.read_bytes(path)) if isinstance(path, str) else path
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "Unsupported global" in str(e) or "allowed global" in str(e):  # code it would run
             raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({_reason(e)})") from e

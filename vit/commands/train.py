@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from vit import storage
 from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar, log_artifact, run_folder
 from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
@@ -118,11 +119,14 @@ class SaveConfig(SaveConfigCallback):
     `save_to_log_dir=False` it calls this `save_config` instead, on the first process only."""
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
-        path = run_folder(trainer) / self.config_filename
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.parser.save(
-            self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
-        )
+        path = storage.join(run_folder(trainer), self.config_filename)
+        if storage.is_url(path):  # one object, as vit.storage writes them
+            storage.write_text(path, self.parser.dump(self.config, skip_unset=False))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.parser.save(
+                self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile
+            )
         log_artifact(trainer, path)
 
 
@@ -193,7 +197,7 @@ class ViTCLI(LightningCLI):
         if not self.config.get("subcommand"):
             return
         ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
-        if ckpt_path in (None, *SPECIAL_CKPT_PATHS) or not Path(ckpt_path).is_file():
+        if ckpt_path in (None, *SPECIAL_CKPT_PATHS) or not storage.is_file(ckpt_path):
             return
         hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters", {}))
         self._checked_ckpt_path = ckpt_path
@@ -213,6 +217,8 @@ class ViTCLI(LightningCLI):
                 "max_epochs=-1 needs max_steps or max_time: the learning-rate schedule needs an end"
             )
         trainer.precision = precision_for_this_cpu(trainer.precision, trainer.accelerator)
+        for url in object_store_locations(config):  # before anything is built or written
+            storage.check_bucket(url)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             self._resolve_last(config)
@@ -231,30 +237,63 @@ class ViTCLI(LightningCLI):
     def _resolve_last(self, config) -> None:
         """`--ckpt_path last` means the newest last.ckpt among the runs of the configured logger
         (runs/<name>/*/checkpoints). `fit` continues that run in its own folder, so its logs and
-        checkpoints go on; `validate`, `test` and `predict` read that file."""
+        checkpoints go on; `validate`, `test` and `predict` read that file.
+
+        In an object store (save_dir s3://..., or default_root_dir s3://... without a logger,
+        whose run keeps <root>/checkpoints/last.ckpt), the command is given that file by its URL, since
+        Lightning's own search for "last" drops the URL's scheme and finds nothing; and a prefix
+        with no last.ckpt is an error rather than a fresh start, as a mistyped prefix would
+        otherwise start a new run in the bucket unnoticed."""
+        root_dir = config.trainer.get("default_root_dir")
+        if config.trainer.logger is False and root_dir is not None and storage.is_url(root_dir):
+            # no logger: the run is the Trainer's root, its checkpoints in <root>/checkpoints
+            return self._named_last(config, storage.join(root_dir, "checkpoints", "last.ckpt"))
         args = getattr(config.trainer.logger, "init_args", None)
         if args is None or "save_dir" not in args:
             return  # an unusual logger: leave "last" to Lightning
-        root = Path(args.save_dir) / str(args.get("name") or "")
+        root = storage.join(args.save_dir, str(args.get("name") or ""))
+        in_bucket = storage.is_url(root)
         if self.subcommand == "fit" and args.get("version") is not None:
             # the user named the run; Lightning finds its last.ckpt (read safely here first)
             version = args.version if isinstance(args.version, str) else f"version_{args.version}"
-            if (named := root / version / "checkpoints" / "last.ckpt").is_file():
-                read_checkpoint(named)
-            return
-        candidates = list(root.glob("*/checkpoints/last.ckpt"))
+            return self._named_last(config, storage.join(root, version, "checkpoints", "last.ckpt"))
+        candidates = storage.glob(root, "*/checkpoints/last.ckpt")
         if not candidates:
-            if self.subcommand == "fit":
+            if self.subcommand == "fit" and not in_bucket:
                 return  # Lightning warns and starts from scratch, as for a first run
             raise FileNotFoundError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
-        newest = max(candidates, key=lambda f: f.stat().st_mtime)
+        newest = max(candidates, key=storage.modified)
         read_checkpoint(newest)  # Lightning reads it only after writing config.yaml
+        if self.subcommand != "fit" or in_bucket:
+            config.ckpt_path = self._checked_ckpt_path = str(newest)
         if self.subcommand != "fit":
-            config.ckpt_path = str(newest)
             return
-        version = newest.parent.parent.name
+        version = Path(newest).parent.parent.name  # also of a URL: the run folder's name
         match = re.fullmatch(r"version_(\d+)", version)
         args.version = int(match.group(1)) if match else version
+
+    def _named_last(self, config, last: Path | str) -> None:
+        """--ckpt_path last where the run's folder is known: its last.ckpt is read safely here
+        first, and Lightning finds it; in an object store, Lightning is given its URL, which must
+        exist."""
+        if storage.is_file(last):
+            read_checkpoint(last)
+            if storage.is_url(last):
+                config.ckpt_path = self._checked_ckpt_path = last
+        elif storage.is_url(last):
+            raise FileNotFoundError(f"--ckpt_path last: there is no {last}")
+
+
+def object_store_locations(config) -> list[str]:
+    """The URLs (s3://...) a run's configuration names for its files, whose buckets are checked
+    before anything is built: the Trainer's root, each logger's save_dir, the best checkpoint's
+    folder and the checkpoint to read."""
+    trainer = config.trainer
+    loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
+    locations = [trainer.get("default_root_dir"), config.get("checkpoint", {}).get("dirpath")]
+    locations += [(getattr(logger, "init_args", None) or {}).get("save_dir") for logger in loggers]
+    locations.append(config.get("ckpt_path"))
+    return list(dict.fromkeys(str(p) for p in locations if p is not None and storage.is_url(p)))
 
 
 def run(args: list[str] | None = None) -> ViTCLI:

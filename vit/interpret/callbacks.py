@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from PIL import Image
 
+from vit import storage
 from vit.callbacks import log_artifact, run_folder
 from vit.interpret.evidence import evidence_scores, patch_evidence
 from vit.interpret.figures import training_maps
@@ -187,11 +188,10 @@ class AttentionMaps(Callback):
             masses = {m: evidence_scores(v.flatten(1), evidence)["relevance_mass"] for m, v in maps.items()}
             notes = {m: [f"{x:.2f}" for x in mass.tolist()] for m, mass in masses.items()}
         picture = training_maps(images, maps, columns, title, notes)
-        path = run_folder(trainer) / "attention" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = storage.join(run_folder(trainer), "attention", name)  # a URL for a run in a bucket
         png = io.BytesIO()
         Image.fromarray(picture).save(png, format="PNG", compress_level=1)  # lossless at any level
-        path.write_bytes(png.getvalue())
+        storage.write_bytes(path, png.getvalue())
         log_artifact(trainer, path, "attention")
         return png.getvalue()
 
