@@ -342,17 +342,22 @@ def client_error(code: str):
             DataError,
             '^s3://b/p: Could not connect to the endpoint URL: "http://x/b"$',
         ),
+        (
+            "NoCredentialsError",
+            DataError,
+            "^s3://b/p: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \\(or AWS_PROFILE\\)",
+        ),
     ],
 )
 def test_what_the_store_answers_is_one_line_naming_the_url(s3, raised, kind, message):
-    from botocore.exceptions import EndpointConnectionError
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
     store = Store("s3://b/p/")
-    error = (
-        EndpointConnectionError(endpoint_url="http://x/b")
-        if raised == "EndpointConnectionError"
-        else client_error(raised)
-    )
+    errors = {
+        "EndpointConnectionError": EndpointConnectionError(endpoint_url="http://x/b"),
+        "NoCredentialsError": NoCredentialsError(),
+    }
+    error = errors.get(raised) or client_error(raised)
     with pytest.raises(kind, match=message.format(url=s3.url)):
         with store.errors():
             raise error

@@ -96,11 +96,17 @@ class Store:
     @contextmanager
     def errors(self):
         """boto3's errors as one line naming the URL: a bucket that is not there
-        (`DataNotFoundError`), credentials refused, a server out of reach (`DataError`)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        (`DataNotFoundError`), no credentials or credentials refused, a server out of reach
+        (`DataError`)."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         try:
             yield
+        except NoCredentialsError:
+            raise DataError(
+                f"{self.url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                f"AWS_PROFILE) in the environment"
+            ) from None
         except ClientError as e:
             error = e.response.get("Error", {})
             code, message = error.get("Code"), error.get("Message") or one_line(e)
