@@ -120,10 +120,6 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, layout, opti
 def test_a_chunk_folder_of_another_format_or_none_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="chunk folder .*missing: no such folder"):
         read_manifest(tmp_path / "missing")
-    with pytest.raises(
-        ValueError, match="^s3://bucket/chunks: chunks in an object store are not supported yet"
-    ):
-        read_manifest("s3://bucket/chunks")
     with pytest.raises(FileNotFoundError, match="no vit.json: not written by vit-chunks"):
         read_manifest(tmp_path)
     (tmp_path / "vit.json").write_text("{format")

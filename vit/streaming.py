@@ -10,6 +10,12 @@ progress bar, so that a corrupt or truncated image is named in one line (`on_bad
 left out and listed (`skip`) before anything is written. The chunks are written into a hidden folder
 beside `out` and renamed to `out` when complete: a run stopped at any moment leaves no `out`.
 
+`out` may be a prefix of an S3 bucket (`s3://bucket/prefix`, `Store`): the chunks are written into a
+temporary folder as for a disk, then uploaded, `vit.json` last, so that a reader never takes a set
+still being uploaded for a complete one (S3 has no rename); a failure removes what was uploaded.
+The endpoint and credentials come from the environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+...), as boto3 and litdata read them.
+
 `read_manifest(out)` reads `vit.json` back and refuses a folder written in another format.
 
 `StreamingImages` trains on the chunks: litdata streams them (sharded across processes, resumable
@@ -24,7 +30,9 @@ import io
 import json
 import os
 import shutil
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -41,6 +49,124 @@ from vit.preparation import Preparation, to_float
 FORMAT = "vit-chunks-1"  # what vit.json says; a reader refuses another
 SPLITS = ("train", "val", "test")
 MANIFEST = "vit.json"
+# boto3's client for the chunks in an object store: a server that went away fails a read within
+# seconds (litdata's own client makes up to 1000 attempts, botocore's default waits 60 s to connect)
+S3_CLIENT = {
+    "connect_timeout": 5,
+    "read_timeout": 30,
+    "retries": {"total_max_attempts": 3, "mode": "standard"},
+}
+# what the object store answers when the credentials are not accepted
+REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken"}
+
+
+def is_url(path: str | Path) -> bool:
+    """Whether `path` names a place in an object store (`s3://bucket/prefix`), not a folder."""
+    return "://" in str(path)
+
+
+def client_config():
+    """botocore's `Config` of `S3_CLIENT`."""
+    from botocore.config import Config
+
+    return Config(**S3_CLIENT)
+
+
+class Store:
+    """A prefix of an S3 bucket (`s3://bucket/prefix`, or a whole bucket: `s3://bucket`), reached with
+    boto3 as litdata reaches it: the endpoint, region and credentials come from the environment
+    (`AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
+    What goes wrong there is a one-line `DataError` naming the URL (`errors`)."""
+
+    def __init__(self, url: str | Path):
+        import boto3
+
+        scheme, _, path = str(url).partition("://")
+        require(scheme == "s3", f"{url}: only s3:// object stores are supported, not {scheme}://")
+        self.bucket, _, prefix = path.partition("/")
+        require(self.bucket != "", f"{url} names no bucket (s3://bucket/prefix)")
+        self.prefix = prefix.strip("/")
+        self.url = "/".join(["s3:/", self.bucket, *([self.prefix] if self.prefix else [])])
+        self.client = boto3.client("s3", config=client_config())
+
+    def key(self, name: str) -> str:
+        """The key of object `name` under the prefix."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    @contextmanager
+    def errors(self):
+        """boto3's errors as one line naming the URL: a bucket that is not there
+        (`DataNotFoundError`), no credentials or credentials refused, a server out of reach
+        (`DataError`)."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        try:
+            yield
+        except NoCredentialsError:
+            raise DataError(
+                f"{self.url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                f"AWS_PROFILE) in the environment"
+            ) from None
+        except ClientError as e:
+            error = e.response.get("Error", {})
+            code, message = error.get("Code"), error.get("Message") or one_line(e)
+            where = self.client.meta.endpoint_url
+            if code == "NoSuchBucket":
+                raise DataNotFoundError(f"{self.url}: no bucket {self.bucket!r} at {where}") from None
+            if code in REFUSED:
+                raise DataError(
+                    f"{self.url}: {where} refused the credentials ({code}: {one_line(message)}); "
+                    f"they are read from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+                ) from None
+            raise DataError(f"{self.url}: {code}: {one_line(message)}") from None
+        except BotoCoreError as e:
+            raise DataError(f"{self.url}: {one_line(e)}") from None
+
+    def is_empty(self) -> bool:
+        """Whether no object's key starts with the prefix; a missing bucket, refused credentials or
+        a server out of reach fail here, before any work."""
+        with self.errors():
+            listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.key(""), MaxKeys=1)
+        return listed["KeyCount"] == 0
+
+    def read(self, name: str) -> bytes | None:
+        """Object `name`'s bytes; None where there is none."""
+        with self.errors():
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+            except self.client.exceptions.NoSuchKey:
+                return None
+
+    def put(self, path: Path, name: str) -> None:
+        with self.errors(), open(path, "rb") as f:
+            self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=f)
+
+    def upload(self, folder: Path) -> None:
+        """Every file under `folder` as the object of its relative path under the prefix,
+        `MANIFEST` last; on any failure the objects uploaded are deleted (as far as the store
+        lets: where it does not, what is left has no `MANIFEST`, so no reader takes it)."""
+        files = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+        files.sort(key=lambda name: name == MANIFEST)  # last: the sign that the rest is there
+        uploaded = []
+        try:
+            for name in files:
+                self.put(folder / name, name)
+                uploaded.append(name)
+        except BaseException:
+            self.delete(uploaded)
+            raise
+
+    def delete(self, names: list[str]) -> None:
+        """Delete objects `names`; stops at the first that fails (the store is out of reach, and
+        each further try would wait as long), saying what is left."""
+        for i, name in enumerate(names):
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(name))
+            except Exception:
+                print(
+                    f"warning: could not delete {len(names) - i} objects uploaded to {self.url}; delete them"
+                )
+                return
 
 
 def readable(files: list[str], on_bad_file: str, desc: str) -> tuple[list[int], list[str]]:
@@ -75,15 +201,18 @@ def write_chunks(
     val_size: int | float = 0.1,
     seed: int = 0,
 ) -> dict:
-    """Write the splits of the image folders under `root` as streaming chunks into `out` (see the
-    module's docstring). `classes` orders the labels (default: the sorted class folders of
-    train). Without `root/val/`, `val_size` training images (a count, or a fraction below 1)
-    drawn with `seed` are written as the val split instead, as `ImageFolders` holds them out.
-    Returns what `out/vit.json` holds."""
-    root, out = Path(root).expanduser(), Path(out).expanduser()
+    """Write the splits of the image folders under `root` as streaming chunks into `out`, a new
+    folder or an empty prefix of an S3 bucket (`s3://bucket/prefix`; see the module's docstring).
+    `classes` orders the labels (default: the sorted class folders of train). Without
+    `root/val/`, `val_size` training images (a count, or a fraction below 1) drawn with `seed` are
+    written as the val split instead, as `ImageFolders` holds them out. Returns what
+    `out/vit.json` holds."""
+    root = Path(root).expanduser()
+    store = Store(out) if is_url(out) else None
+    out = store.url if store else Path(out).expanduser()
     if on_bad_file not in ("error", "skip"):
         raise UsageError(f"on_bad_file={on_bad_file!r} must be 'error' or 'skip'")
-    if out.exists():
+    if store is None and out.exists():
         raise UsageError(f"{out} already exists; remove it, or write the chunks to another folder")
     train = root / "train"
     if not train.is_dir():
@@ -92,10 +221,15 @@ def write_chunks(
     splits = [name for name in SPLITS if (root / name).is_dir()]
     for name in splits:
         check_same_classes(root / name, classes, train)
+    if store is not None and not store.is_empty():  # the bucket and the credentials checked, too
+        raise UsageError(f"{out} already holds objects; delete them, or write the chunks to another prefix")
     held_out = "val" not in splits
     val_from = "folder" if not held_out else f"held out of train: val_size {val_size}, seed {seed}"
     manifest = {"format": FORMAT, "classes": classes, "images": {}, "skipped": {}, "val": val_from}
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if store is None:
+        partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    else:  # uploaded when complete
+        partial = Path(tempfile.mkdtemp(prefix="vit-chunks-"))
     started = time.perf_counter()
     try:
         for name in splits:
@@ -117,7 +251,10 @@ def write_chunks(
             if bad:
                 print(f"warning: skipped {len(bad)} unreadable files in {root / name}, the first: {bad[0]}")
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        partial.rename(out)
+        if store is None:
+            partial.rename(out)
+        else:
+            store.upload(partial)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     counts = ", ".join(f"{name} {n}" for name, n in manifest["images"].items())
@@ -126,17 +263,22 @@ def write_chunks(
 
 
 def read_manifest(folder: str | Path) -> dict:
-    """What `write_chunks` recorded in `folder/vit.json`; refuses a folder that is not there, or
-    was written in another format."""
-    if "://" in str(folder):
-        raise UsageError(f"{folder}: chunks in an object store are not supported yet; copy them to a disk")
-    folder = Path(folder).expanduser()
-    path = folder / MANIFEST
-    if not path.is_file():
-        what = "no such folder" if not folder.exists() else f"no {MANIFEST}: not written by vit-chunks"
-        raise DataNotFoundError(f"chunk folder {folder}: {what}")
+    """What `write_chunks` recorded in `folder/vit.json` (`folder` a path, or a URL `s3://...`);
+    refuses a folder that is not there, or was written in another format."""
+    if is_url(folder):
+        store = Store(folder)
+        folder, path, text = store.url, f"{store.url}/{MANIFEST}", store.read(MANIFEST)
+        if text is None:
+            raise DataNotFoundError(f"chunks {folder}: no {MANIFEST}: not written by vit-chunks, or not yet")
+    else:
+        folder = Path(folder).expanduser()
+        path = folder / MANIFEST
+        if not path.is_file():
+            what = "no such folder" if not folder.exists() else f"no {MANIFEST}: not written by vit-chunks"
+            raise DataNotFoundError(f"chunk folder {folder}: {what}")
+        text = path.read_text()
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(text)
     except ValueError as e:
         raise DataError(f"{path} is not JSON ({one_line(e)})") from None
     if manifest.get("format") != FORMAT:
@@ -145,6 +287,52 @@ def read_manifest(folder: str | Path) -> dict:
             f"write them again with vit-chunks"
         )
     return manifest
+
+
+@contextmanager
+def reading(folder: str):
+    """Any error while reading the chunks of `folder` from an object store (a server gone away:
+    botocore's error, or litdata's when its download thread stopped), raised in this process or
+    in a loader's worker (torch raises it again here with the worker's traceback in its message,
+    the error itself on its last line), as one line naming the URL. Chunks on a disk: as raised."""
+    try:
+        yield
+    except Exception as e:
+        if not is_url(folder):
+            raise
+        lines = str(e).strip().splitlines()
+        from_worker = str(e).startswith("Caught ") and "Traceback" in str(e)
+        reason = lines[-1] if from_worker else f"{type(e).__name__}: {e}"
+        raise DataError(f"reading the chunks of {folder}: {one_line(reason)}") from e
+
+
+def litdata_for_object_stores() -> None:
+    """Two changes to litdata (tested with 0.2.76) for reading chunks from an object store, made
+    for the whole process when a `chunks_dataset` first does (forked loader workers inherit them):
+    - every request goes through litdata's boto3 client, which takes `S3_CLIENT`: its chunk
+      downloads otherwise go through obstore, which takes neither those retries (it retries a
+      server gone away for 3 minutes) nor an http:// endpoint (a MinIO without TLS). litdata falls
+      back to boto3 itself where obstore's runtime belongs to another process (a worker forked
+      after obstore started): here it is said to;
+    - its download thread, stopped by an error, no longer prints the error's traceback: the
+      reader raises it where it waits for the chunk, and `reading` makes that one line."""
+    from litdata.streaming import downloader, reader
+
+    downloader._OBSTORE_INIT_PID = -1  # no process of ours
+    reader.PrepareChunksThread._report_crash = lambda thread, error: None
+
+
+def chunks_dataset(folder: str, **kwargs):
+    """litdata's `StreamingDataset` (with `kwargs`) over the chunks of a split: a folder, or a URL
+    (`s3://bucket/prefix/train`), read with boto3's client of `S3_CLIENT` (few retries, short
+    timeouts) and cached where litdata caches (`~/.lightning/chunks/`, or `$LITDATA_CACHE_DIR`)."""
+    from litdata import StreamingDataset
+
+    if not is_url(folder):
+        return StreamingDataset(folder, **kwargs)
+    litdata_for_object_stores()
+    with reading(folder):
+        return StreamingDataset(folder, storage_options={"config": client_config()}, **kwargs)
 
 
 class Decode:
@@ -196,26 +384,33 @@ class StreamedSplit(Dataset):
     `InMemory` does, float32 in [0, 1] ready for the model, with their labels. A command that
     walks the split in batches holds one batch of pixels at a time, whatever the split's size."""
 
-    def __init__(self, folder: Path, preparation: Preparation):
-        from litdata import StreamingDataset
-
-        self.items = StreamingDataset(str(folder))
+    def __init__(self, folder: str, preparation: Preparation):
+        self.folder = folder
+        self.items = chunks_dataset(folder)
         self.decode = Decode(preparation)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(index, int):
-            image, label = self.decode(self.items[index])
-            return to_float(image), torch.tensor(label)
-        indices = range(len(self))[index] if isinstance(index, slice) else torch.as_tensor(index).tolist()
-        images, labels = zip(*(self.decode(self.items[i]) for i in indices), strict=True)
-        return to_float(torch.stack(images)), torch.tensor(labels)
+        with reading(self.folder):
+            if isinstance(index, int):
+                image, label = self.item(index)
+                return to_float(image), torch.tensor(label)
+            indices = range(len(self))[index] if isinstance(index, slice) else torch.as_tensor(index).tolist()
+            images, labels = zip(*(self.item(i) for i in indices), strict=True)
+            return to_float(torch.stack(images)), torch.tensor(labels)
+
+    def item(self, i: int) -> tuple[torch.Tensor, int]:
+        # a slice of one: litdata (0.2.76) reads `dataset[i]` from an object store alone, by byte
+        # ranges of another chunk layout than its writer's, and gets nothing; a slice downloads
+        # the chunk into its cache, as iterating does
+        return self.decode(self.items[i : i + 1][0])
 
 
 def resumable_loader(dataset, **kwargs):
-    """litdata's `StreamingDataLoader` over `dataset`, resumable mid-epoch: Lightning puts its
+    """litdata's `StreamingDataLoader` over `dataset` (from `chunks_dataset`: what goes wrong
+    reading it from an object store is one line, `reading`), resumable mid-epoch: Lightning puts its
     `state_dict()` (the epoch, the samples yielded) in every checkpoint and hands it back to
     `load_state_dict` when a run resumes, and the loader then goes on with the samples of that
     epoch it had not yielded. litdata starts a new epoch afresh only when the previous epoch's
@@ -233,20 +428,22 @@ def resumable_loader(dataset, **kwargs):
 
         def __iter__(self):
             self.restore, self.resumed = self.resumed, False
-            yield from super().__iter__()
+            with reading(self.dataset.input_dir.url or ""):
+                yield from super().__iter__()
 
     return Loader(dataset, **kwargs)
 
 
 class StreamingImages(ImageDataModule):
-    """The chunks `vit-chunks` wrote (`root/train/`, `val/`, `test/`, `vit.json`), streamed: the
-    loaders read the chunks through litdata (`StreamingDataset`, `StreamingDataLoader`: shuffled
-    per epoch, sharded across processes and machines, resumable mid-epoch) and decode each image
-    in the loader's workers (`num_workers`), or with `decode="device"` each batch of JPEG files on
-    the device it goes to, prepared as `ImageFolders` prepares files (`image_size`, `channels`,
-    `resize`); the classes are the chunks'. No split is held in memory: the batches are augmented
-    on the device as the other data modules' are, and `split(name)` (what the evaluation commands
-    read) is a `StreamedSplit`, which decodes the images a command asks for when it asks.
+    """The chunks `vit-chunks` wrote (`root/train/`, `val/`, `test/`, `vit.json`; `root` a folder or
+    a URL `s3://bucket/prefix`: `chunks_dataset`), streamed: the loaders read the chunks through
+    litdata (`StreamingDataset`, `StreamingDataLoader`: shuffled per epoch, sharded across
+    processes and machines, resumable mid-epoch) and decode each image in the loader's workers
+    (`num_workers`), or with `decode="device"` each batch of JPEG files on the device it goes to,
+    prepared as `ImageFolders` prepares files (`image_size`, `channels`, `resize`); the classes
+    are the chunks'. No split is held in memory: the batches are augmented on the device as the
+    other data modules' are, and `split(name)` (what the evaluation commands read) is a
+    `StreamedSplit`, which decodes the images a command asks for when it asks.
     """
 
     has_val_split = True  # vit-chunks writes one (held out of train where the folders had none)
@@ -272,6 +469,8 @@ class StreamingImages(ImageDataModule):
             )
         preparation = replace(preparation, classes=manifest["classes"])
         super().__init__(root, preparation=preparation, val_size=1, **kwargs)
+        if is_url(root):  # not a Path, which would make s3://bucket s3:/bucket
+            self.root = root.rstrip("/")
         self.save_hyperparameters()
         self.hparams["classes"] = self.classes
         self.manifest, self.decode = manifest, decode
@@ -281,10 +480,8 @@ class StreamingImages(ImageDataModule):
         return ImageFolders.preparation_for(hparams)  # the same options, prepared the same way
 
     def dataset(self, name: str, shuffle: bool):
-        from litdata import StreamingDataset
-
         transform = Encoded() if self.decode == "device" else Decode(self.preparation)
-        return StreamingDataset(str(self.folder(name)), shuffle=shuffle, seed=self.seed, transform=transform)
+        return chunks_dataset(self.folder(name), shuffle=shuffle, seed=self.seed, transform=transform)
 
     def loader(self, name: str, shuffle: bool = False):
         """Batches of split `name`; shuffled, a last partial batch is dropped, as `batches` drops
@@ -295,12 +492,13 @@ class StreamingImages(ImageDataModule):
         return resumable_loader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
                                 drop_last=drop_last, **collate)  # fmt: skip
 
-    def folder(self, name: str) -> Path:
-        """The chunks of split `name`; refuses a split the chunks do not have."""
+    def folder(self, name: str) -> str:
+        """Where the chunks of split `name` are (a path or a URL); refuses a split the chunks do
+        not have."""
         require(name in SPLITS, f"no split {name!r}; choose one of {', '.join(SPLITS)}")
         if name not in self.manifest["images"]:
             raise DataNotFoundError(f"the chunks in {self.root} have no {name} split")
-        return self.root / name
+        return f"{self.root}/{name}"
 
     def split(self, name: str) -> StreamedSplit:
         return StreamedSplit(self.folder(name), self.preparation)

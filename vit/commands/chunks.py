@@ -1,11 +1,14 @@
 """`vit-chunks`: image folders written as streaming chunks (`vit.streaming.write_chunks`).
 
     vit-chunks --root photos --out photos-chunks
+    vit-chunks --root photos --out s3://bucket/photos-chunks   # keys from AWS_ACCESS_KEY_ID, ...
 
 Reads `root/train/<class>/*` (and `root/val/`, `root/test/` with the same class folders), checks
 that every image decodes, and writes each split's files, their bytes as they are, into litdata
-chunks under `out/<split>/`, with `out/vit.json` (the classes, the counts). Bad input is one line
-`error: ...` and exit status 2 (a bad option) or 1 (missing or unreadable data), and no `out`.
+chunks under `out/<split>/`, with `out/vit.json` (the classes, the counts): into a new folder, or
+an empty prefix of an S3 bucket (uploaded when complete, vit.json last). Bad input is one line
+`error: ...` and exit status 2 (a bad option) or 1 (missing or unreadable data, a bucket that is
+not there, credentials refused), and no `out`.
 
 litdata is imported inside `chunks`, not at the top: `vit-chunks --help` needs neither it nor torch.
 """
@@ -22,7 +25,13 @@ class ChunksOptions:
     """The options of vit-chunks: those of `vit.streaming.write_chunks`."""
 
     root: str = option(None, "the image folders", required=True, metavar="DIR")
-    out: str = option(None, "a new folder for the chunks", required=True, metavar="DIR")
+    out: str = option(
+        None,
+        "a new folder for the chunks, or an empty prefix of an S3 bucket (s3://bucket/prefix; the "
+        "endpoint and keys from the environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)",
+        required=True,
+        metavar="DIR|URL",
+    )
     classes: list[str] | None = option(
         None,
         "the classes in label order; default: the sorted class folders of train",
@@ -57,7 +66,8 @@ COMMAND = Command(
         "Write image folders (ROOT/train/<class>/<images>, and ROOT/val/, ROOT/test/ alike) as "
         "litdata chunks that a data module streams, for data that outgrows memory: each image "
         "file's bytes as they are (JPEG stays JPEG) and its label, per split, with vit.json "
-        "(the classes, the counts). Every image is decoded once first: a bad file is named."
+        "(the classes, the counts), into a folder or an S3 prefix. Every image is decoded once "
+        "first: a bad file is named."
     ),
     options=ChunksOptions,
     function=chunks,
