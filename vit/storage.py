@@ -6,6 +6,11 @@ for s3://), which reads the credentials and the endpoint from the environment on
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION). An object store
 has no folders to make and no rename: an object is written by one PUT, which it shows whole or not
 at all, so a URL is written directly, never through a temporary file.
+
+The chunks that `vit.streaming` streams from an object store go through boto3 instead
+(`vit.streaming.Store`): litdata reads them with boto3, and the chunks are written and read with
+the same client settings (few retries, short timeouts); runs go through fsspec because Lightning
+writes their checkpoints and logs through it.
 """
 
 from __future__ import annotations

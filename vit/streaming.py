@@ -45,6 +45,7 @@ from vit.datamodules import ImageDataModule, ImageFolders, holdout
 from vit.decode import check_same_classes, class_folders, list_images, open_each
 from vit.errors import DataError, DataNotFoundError, UsageError, one_line, require
 from vit.preparation import Preparation, to_float
+from vit.storage import is_url
 
 FORMAT = "vit-chunks-1"  # what vit.json says; a reader refuses another
 SPLITS = ("train", "val", "test")
@@ -58,11 +59,6 @@ S3_CLIENT = {
 }
 # what the object store answers when the credentials are not accepted
 REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken"}
-
-
-def is_url(path: str | Path) -> bool:
-    """Whether `path` names a place in an object store (`s3://bucket/prefix`), not a folder."""
-    return "://" in str(path)
 
 
 def client_config():
