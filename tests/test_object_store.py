@@ -1,7 +1,7 @@
 """Chunks in an object store: `vit-chunks --out s3://...` uploads them, `StreamingImages` streams
 them (vit-train, vit-eval), and what goes wrong there (no bucket, refused credentials, no chunks, a
 server that goes away mid-epoch) is one line that writes nothing. The server is moto's, on
-127.0.0.1 (tests/s3server.py); the endpoint and keys reach every client through the environment."""
+127.0.0.1 (lab/s3server.py); the endpoint and keys reach every client through the environment."""
 
 import json
 import os

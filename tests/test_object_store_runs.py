@@ -1,7 +1,7 @@
 """Runs in an object store: vit-train writing its config.yaml, metrics.csv, attention pictures and
 checkpoints under s3://bucket/prefix, resuming from the last.ckpt there, and vit-eval reading a
 checkpoint from there; bad buckets, refused credentials and missing checkpoints as one line that
-writes nothing. Against moto's S3 server on 127.0.0.1 (tests/s3server.py), with its address and
+writes nothing. Against moto's S3 server on 127.0.0.1 (lab/s3server.py), with its address and
 credentials in the environment, as a user's come."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 from helpers import ROOT, UnsafePayload, command_error, run_train, tiny_args
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger
-from s3server import S3Server
 
+from lab.s3server import S3Server
 from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.callbacks import Profile, log_artifact
 from vit.checkpoint import read_checkpoint
