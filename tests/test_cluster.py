@@ -1,0 +1,169 @@
+"""vit-train on several machines, started as a cluster starts it: one `torchrun` a node, all
+started together, meeting at 127.0.0.1 (gloo on the CPU), each running `train.py fit ...
+--trainer.num_nodes N --trainer.devices G`. Each node runs in a folder of its own, as each
+machine of a cluster without a shared disk has its own disk: every node reads the data at the same
+(absolute) path, and writes its runs where it runs (relative `runs/`)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, command_error
+from seen import digest
+
+from vit.commands.train import main
+
+# A micro ViT on 64 two-circles images in batches of 8: with 2 processes, 4 steps each an epoch.
+TWO_CIRCLES = [
+    "--seed_everything", "0",
+    "--data", "vit.two_circles.TwoCircles",
+    "--data.init_args.num_train", "64",
+    "--data.init_args.num_val", "16",
+    "--data.init_args.num_test", "16",
+    "--data.init_args.batch_size", "8",
+]  # fmt: skip
+TINY = [
+    "--model.vit.preset", "micro",
+    "--model.vit.patch_size", "8",
+    "--trainer.max_epochs", "2",
+    "--trainer.accelerator", "cpu",
+    "--trainer.strategy", "ddp",
+    "--trainer.enable_progress_bar", "false",
+    "--trainer.enable_model_summary", "false",
+    "--trainer.logger.init_args.name", "cluster",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster(
+    nodes: int, devices: int, args: list[str], folders: list[Path], timeout: float = 300
+) -> list[tuple[str, bool]]:
+    """`train.py fit ARGS` on `nodes` nodes of `devices` processes each, node r in `folders[r]`:
+    one torchrun a node, all started together (the command of docs/cluster.md), told the number
+    of nodes and devices. Each node's output, and whether its torchrun succeeded; nodes still
+    running after `timeout` seconds are killed, and fail."""
+    port = free_port()
+    tests = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env["PYTHONPATH"] = os.pathsep.join(tests)  # seen.SeenImages
+    logs = [folder.parent / f"{folder.name}.log" for folder in folders]
+    launched = []
+    deadline = time.monotonic() + timeout
+    try:
+        for rank, (folder, log) in enumerate(zip(folders, logs, strict=True)):
+            folder.mkdir(parents=True, exist_ok=True)
+            command = [
+                sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", str(nodes), "--node_rank", str(rank), "--nproc_per_node", str(devices),
+                "--master_addr", "127.0.0.1", "--master_port", str(port),
+                str(ROOT / "train.py"), "fit", *args,
+                "--trainer.num_nodes", str(nodes), "--trainer.devices", str(devices),
+            ]  # fmt: skip
+            with open(log, "w") as out:
+                output = dict(stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                launched.append(subprocess.Popen(command, cwd=folder, env=env, **output))
+        for process in launched:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for process in launched:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    return [(log.read_text(), process.returncode == 0) for log, process in zip(logs, launched, strict=True)]
+
+
+def ran(results) -> None:
+    for rank, (log, ok) in enumerate(results):
+        assert ok, f"node {rank}:\n{log[-3000:]}"
+
+
+def seen(folder: Path, ranks: int) -> list[dict]:
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def epochs(batches: list[list[str]], per_epoch: int) -> list[set[str]]:
+    """The images of each epoch, from one process's batches."""
+    starts = range(0, len(batches), per_epoch)
+    return [{d for batch in batches[i : i + per_epoch] for d in batch} for i in starts]
+
+
+def weights(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory) -> Path:
+    """The two-circles run on two nodes of one process each: `node0/`, `node1/` (where each ran)
+    and `seen/` (the images each process trained on)."""
+    root = tmp_path_factory.mktemp("two_nodes")
+    (root / "seen").mkdir()
+    record = ["--trainer.callbacks+=seen.SeenImages", "--trainer.callbacks.folder", str(root / "seen")]
+    ran(cluster(2, 1, [*TWO_CIRCLES, *TINY, *record], [root / "node0", root / "node1"]))
+    return root
+
+
+@pytest.mark.slow
+def test_two_nodes_see_disjoint_images_that_together_make_the_epoch(two_nodes):
+    """Lightning reads the node's rank from torchrun (GROUP_RANK) and gives each process its share
+    of each epoch's shuffled images (a distributed sampler over the world's 2 processes): 32 each,
+    in 4 batches of 8, no image seen by both, none left out, shares drawn anew each epoch."""
+    from vit.two_circles import TwoCircles
+
+    ranks = seen(two_nodes / "seen", 2)
+    assert [(r["node"], r["local_rank"]) for r in ranks] == [(0, 0), (1, 0)]
+    assert [[len(batch) for batch in r["batches"]] for r in ranks] == [[8] * 8] * 2  # 2 epochs of 4
+    train = TwoCircles(num_train=64, num_val=16, num_test=16, batch_size=8).split("train")[:][0]
+    every = {digest(image) for image in train}
+    assert len(every) == 64
+    first, second = (epochs(r["batches"], 4) for r in ranks)
+    for epoch in (0, 1):
+        assert len(first[epoch]) == len(second[epoch]) == 32
+        assert not first[epoch] & second[epoch] and first[epoch] | second[epoch] == every
+    assert first[0] != first[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_train_the_weights_one_node_of_two_processes_trains(two_nodes, tmp_path):
+    """The same command on one node of two processes (`--nnodes 1 --nproc_per_node 2`,
+    `--trainer.devices 2 --trainer.num_nodes 1`): each global rank sees the same batches as on two
+    nodes, and the weights after the 8 steps are the same, to the bit."""
+    record = ["--trainer.callbacks+=seen.SeenImages", "--trainer.callbacks.folder", str(tmp_path)]
+    ran(cluster(1, 2, [*TWO_CIRCLES, *TINY, *record], [tmp_path / "node0"]))
+    one = seen(tmp_path, 2)
+    assert [(r["node"], r["local_rank"]) for r in one] == [(0, 0), (0, 1)]
+    assert [r["batches"] for r in one] == [r["batches"] for r in seen(two_nodes / "seen", 2)]
+    nodes = weights(two_nodes / "node0" / "runs" / "cluster" / "version_0")
+    processes = weights(tmp_path / "node0" / "runs" / "cluster" / "version_0")
+    assert nodes["global_step"] == processes["global_step"] == 8
+    assert nodes["state_dict"].keys() == processes["state_dict"].keys()
+    for name, value in nodes["state_dict"].items():
+        assert torch.equal(value, processes["state_dict"][name]), name
+
+
+def test_nodes_times_devices_must_be_the_processes_torchrun_started(tmp_path, monkeypatch, capsys):
+    """A process torchrun started (its environment) told a world of 4 processes, and a command line
+    that says 2 nodes of 1 device: one line naming both, before anything is written."""
+    torchrun = {"TORCHELASTIC_RUN_ID": "test", "WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0",
+                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    for key, value in torchrun.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", *TWO_CIRCLES, *TINY, "--trainer.num_nodes", "2", "--trainer.devices", "1"]
+    status, error = command_error(main, args, capsys)
+    assert status == 1
+    assert "`devices=1` and `num_nodes=2`" in error and "world size (4)" in error
+    assert list(tmp_path.iterdir()) == []
