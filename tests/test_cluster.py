@@ -107,12 +107,14 @@ def weights(run: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory) -> Path:
-    """The two-circles run on two nodes of one process each: `node0/`, `node1/` (where each ran)
-    and `seen/` (the images each process trained on)."""
+    """The two-circles run on two nodes of one process each, with a profile of two steps:
+    `node0/`, `node1/` (where each ran) and `seen/` (the images each process trained on)."""
     root = tmp_path_factory.mktemp("two_nodes")
     (root / "seen").mkdir()
     record = ["--trainer.callbacks+=seen.SeenImages", "--trainer.callbacks.folder", str(root / "seen")]
-    ran(cluster(2, 1, [*TWO_CIRCLES, *TINY, *record], [root / "node0", root / "node1"]))
+    profile = ["--trainer.callbacks+=vit.callbacks.Profile", "--trainer.callbacks.start", "1",
+               "--trainer.callbacks.steps", "2"]  # fmt: skip
+    ran(cluster(2, 1, [*TWO_CIRCLES, *TINY, *record, *profile], [root / "node0", root / "node1"]))
     return root
 
 
@@ -152,6 +154,18 @@ def test_two_nodes_train_the_weights_one_node_of_two_processes_trains(two_nodes,
     assert nodes["state_dict"].keys() == processes["state_dict"].keys()
     for name, value in nodes["state_dict"].items():
         assert torch.equal(value, processes["state_dict"][name]), name
+
+
+@pytest.mark.slow
+def test_the_first_node_writes_the_run_and_the_others_write_nothing(two_nodes):
+    """Checkpoints, config, metrics and the profile are written by global rank 0 alone, into one
+    run folder (`version_0`, numbered on node 0); node 1, on its own disk, has no runs/ at all."""
+    run = two_nodes / "node0" / "runs" / "cluster"
+    assert [p.name for p in run.iterdir()] == ["version_0"]
+    files = {str(p.relative_to(run / "version_0")) for p in (run / "version_0").rglob("*") if p.is_file()}
+    checkpoints = {"checkpoints/best.ckpt", "checkpoints/last.ckpt"}
+    assert files == {"config.yaml", "hparams.yaml", "metrics.csv", "profile.txt", *checkpoints}
+    assert list((two_nodes / "node1").iterdir()) == []
 
 
 def test_nodes_times_devices_must_be_the_processes_torchrun_started(tmp_path, monkeypatch, capsys):

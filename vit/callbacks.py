@@ -376,7 +376,9 @@ class Profile(Callback):
     the operators' own times, which the host's include), and the costliest operators of each,
     written to `profile.txt` in the run folder (`run_folder`), with a Chrome trace `profile.json`
     if `trace`, and logged as `profile/*`. Where the host's time a step exceeds the device's, the
-    GPU waits for Python; the table says for what. `--trainer.callbacks+=vit.callbacks.Profile`."""
+    GPU waits for Python; the table says for what. `--trainer.callbacks+=vit.callbacks.Profile`.
+    Under DDP each process profiles its own steps and the first writes its report: the others
+    write nothing, as they write no other file of the run."""
 
     def __init__(self, start: int = 50, steps: int = 20, trace: bool = False, rows: int = 25):
         if start < 0 or steps < 1:
@@ -421,13 +423,14 @@ class Profile(Callback):
         sorts = ["self_cpu_time_total"] + ["self_device_time_total"] * (pl_module.device.type == "cuda")
         for sort in sorts:
             lines += [f"by {sort}:", events.table(sort_by=sort, row_limit=self.rows), ""]
-        folder = run_folder(trainer)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "profile.txt").write_text("\n".join(lines))
-        if self.trace:
-            self.profiler.export_chrome_trace(str(folder / "profile.json"))
+        if trainer.is_global_zero:  # the run folder is rank 0's: another node's may be elsewhere
+            folder = run_folder(trainer)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "profile.txt").write_text("\n".join(lines))
+            if self.trace:
+                self.profiler.export_chrome_trace(str(folder / "profile.json"))
+            print(lines[0])
         self.profiler = None
-        print(lines[0])
         for logger in trainer.loggers:
             logger.log_metrics(
                 {f"profile/{k}": float(v) for k, v in self.report.items()}, trainer.global_step
