@@ -6,6 +6,8 @@ machine of a cluster without a shared disk has its own disk: every node reads th
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -166,6 +168,23 @@ def test_the_first_node_writes_the_run_and_the_others_write_nothing(two_nodes):
     checkpoints = {"checkpoints/best.ckpt", "checkpoints/last.ckpt"}
     assert files == {"config.yaml", "hparams.yaml", "metrics.csv", "profile.txt", *checkpoints}
     assert list((two_nodes / "node1").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_resuming_where_a_node_cannot_read_the_checkpoint_stops_every_node(two_nodes, tmp_path):
+    """`--ckpt_path last` with the run on node 0's disk alone: node 1 finds no checkpoint and would
+    start again from step 0 beside node 0 at step 8 (Lightning says so on rank 0 only, which did
+    find it). Every node stops instead, before a step, with one line naming what each read."""
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    shutil.copytree(two_nodes / "node0", node0)
+    results = cluster(2, 1, [*TWO_CIRCLES, *TINY, "--trainer.max_epochs", "3", "--ckpt_path", "last"],
+                      [node0, node1], timeout=120)  # fmt: skip
+    last = r"\S*/runs/cluster/version_0/checkpoints/last.ckpt"
+    said = rf"error: the processes read different checkpoints \(rank 0: {last}; rank 1: none\)"
+    for log, ok in results:
+        assert not ok and re.search(said, log), log[-3000:]
+    assert weights(node0 / "runs" / "cluster" / "version_0")["global_step"] == 8  # nothing trained
+    assert list(node1.iterdir()) == []
 
 
 def test_nodes_times_devices_must_be_the_processes_torchrun_started(tmp_path, monkeypatch, capsys):

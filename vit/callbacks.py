@@ -2,7 +2,8 @@
 `LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
-validation; `Profile`, where a few training steps' time goes; and where a run's files go
+validation; `SameCheckpoint`, which stops processes that resumed from different checkpoints;
+`Profile`, where a few training steps' time goes; and where a run's files go
 (`run_folder`) and reach MLflow (`log_artifact`).
 (`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
 in `vit.interpret.callbacks`.)"""
@@ -29,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit import compat
+from vit.errors import DataError
 
 
 def run_folder(trainer: L.Trainer) -> Path:
@@ -367,6 +369,37 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._save_unless_saved(trainer)
+
+
+class SameCheckpoint(Callback):
+    """Stops a run whose processes did not all restore the same checkpoint, before its first
+    step, with one line on every process naming what each read.
+
+    Under DDP every process reads `--ckpt_path` itself, as it resolves on its own machine. Where a
+    node cannot read it (`--ckpt_path last` with the run folder on node 0's disk alone), that
+    node starts again from scratch without a word (Lightning warns on rank 0 only, which did read
+    it): DDP hands it rank 0's weights, but its optimizer, schedule and epoch start again, so its
+    steps differ from the others' and the run hangs, the processes waiting on each other.
+    vit-train adds this callback to every run. It checks at `on_fit_start`, which DDP reaches
+    after restoring (strategies that restore later, FSDP and DeepSpeed, pass unchecked)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return
+        mine = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
+        read: list[str | None] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(read, mine)
+        if len(set(read)) == 1:
+            return
+        ranks: dict[str | None, list[int]] = {}
+        for rank, path in enumerate(read):
+            ranks.setdefault(path, []).append(rank)
+        said = [f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {p or 'none'}" for p, r in ranks.items()]
+        what = "; ".join(said)
+        raise DataError(
+            f"the processes read different checkpoints ({what}): every node must read the run's "
+            f"checkpoints at the same path (a shared file system, or a copy on each node; docs/cluster.md)"
+        )
 
 
 class Profile(Callback):
