@@ -2,7 +2,9 @@
 started together, meeting at 127.0.0.1 (gloo on the CPU), each running `train.py fit ...
 --trainer.num_nodes N --trainer.devices G`. Each node runs in a folder of its own, as each
 machine of a cluster without a shared disk has its own disk: every node reads the data at the same
-(absolute) path, and writes its runs where it runs (relative `runs/`)."""
+(absolute) path, and writes its runs where it runs (relative `runs/`). docs/cluster.md says how to
+run it; these are the commands it shows. How litdata deals the chunks to the processes of two
+nodes is checked in this process, where litdata reads the world from the environment."""
 
 import json
 import os
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ROOT, command_error
+from PIL import Image
 from seen import digest
 
 from vit.commands.train import main
@@ -185,6 +188,43 @@ def test_resuming_where_a_node_cannot_read_the_checkpoint_stops_every_node(two_n
         assert not ok and re.search(said, log), log[-3000:]
     assert weights(node0 / "runs" / "cluster" / "version_0")["global_step"] == 8  # nothing trained
     assert list(node1.iterdir()) == []
+
+
+def noise_folders(root: Path) -> Path:
+    """`root/{train,val}/{ant,bee,cat}/NN.png`: 16 and 1 images a class of random pixels (16 px),
+    each distinct."""
+    noise = torch.Generator().manual_seed(0)
+    for split, count in (("train", 16), ("val", 1)):
+        for name in ("ant", "bee", "cat"):
+            (root / split / name).mkdir(parents=True)
+            for j in range(count):
+                pixels = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=noise).numpy()
+                Image.fromarray(pixels).save(root / split / name / f"{j:02d}.png")
+    return root
+
+
+def test_each_epoch_of_the_chunks_is_dealt_across_the_processes_of_all_nodes(tmp_path, monkeypatch):
+    """The training loaders of 2 processes on 2 nodes, as litdata sees them (WORLD_SIZE,
+    GLOBAL_RANK, NNODES: what it reads where no process group is set up), over 3 epochs of 48
+    images in chunks of 7 to 9: each epoch, 24 images a process, none seen by both, none left out.
+    Counting two nodes, litdata keeps each node from the second epoch on to the chunks it was dealt
+    in the first, where a chunk split between the nodes goes to both: images seen twice, others
+    never, and shares of different lengths (the processes would wait on each other)."""
+    pytest.importorskip("litdata")
+    from vit.streaming import StreamingImages, write_chunks
+
+    write_chunks(noise_folders(tmp_path / "data"), tmp_path / "chunks", chunk_bytes=9000)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("NNODES", "2")
+    loaders = []
+    for rank in (0, 1):
+        monkeypatch.setenv("GLOBAL_RANK", str(rank))
+        data = StreamingImages(str(tmp_path / "chunks"), image_size=16, batch_size=4)
+        loaders.append(data.train_dataloader())
+    for epoch in range(3):
+        first, second = ([digest(image) for images, _ in loader for image in images] for loader in loaders)
+        assert len(first) == len(second) == 24, epoch
+        assert not set(first) & set(second) and len(set(first) | set(second)) == 48, epoch
 
 
 def test_nodes_times_devices_must_be_the_processes_torchrun_started(tmp_path, monkeypatch, capsys):
