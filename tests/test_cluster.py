@@ -6,6 +6,7 @@ machine of a cluster without a shared disk has its own disk: every node reads th
 run it; these are the commands it shows. How litdata deals the chunks to the processes of two
 nodes is checked in this process, where litdata reads the world from the environment."""
 
+import contextlib
 import json
 import os
 import re
@@ -86,9 +87,21 @@ def cluster(
     finally:
         for process in launched:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                stop(process)
     return [(log.read_text(), process.returncode == 0) for log, process in zip(logs, launched, strict=True)]
+
+
+def stop(torchrun: subprocess.Popen) -> None:
+    """Kill a torchrun and the processes it started, which it starts in sessions of their own: they
+    would outlive it, waiting on each other."""
+    workers = []
+    for children in Path(f"/proc/{torchrun.pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            workers += [int(pid) for pid in children.read_text().split()]
+    for pid in (torchrun.pid, *workers):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    torchrun.wait()
 
 
 def ran(results) -> None:
