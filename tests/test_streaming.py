@@ -1,7 +1,6 @@
 """Image folders as streaming chunks: `vit.streaming.write_chunks` and `vit-chunks`. The chunks
 hold each file's bytes as they are and its label; bad input is one line and leaves no folder."""
 
-import hashlib
 import io
 import json
 import shutil
@@ -12,6 +11,7 @@ import pytest
 import torch
 from helpers import command_error, make_folders, tiny_args
 from PIL import Image
+from seen import SeenImages, digest
 
 pytest.importorskip("litdata")
 
@@ -269,26 +269,6 @@ def test_chunks_of_other_classes_or_without_a_split_are_refused(tmp_path):
     assert StreamingImages(str(tmp_path / "chunks"), image_size=1).preparation.size == (1, 1)
 
 
-def digest(image: torch.Tensor) -> str:
-    return hashlib.sha1(image.numpy().tobytes()).hexdigest()
-
-
-class SeenImages(L.Callback):
-    """Records the images of each training batch (a digest each), as the step receives them; with
-    `folder`, each process writes its own to `folder/rank<N>.json` when training ends."""
-
-    def __init__(self, folder: Path | None = None):
-        self.batches: list[list[str]] = []
-        self.folder = folder
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batches.append([digest(image) for image in batch[0]])
-
-    def on_train_end(self, trainer, pl_module):
-        if self.folder is not None:
-            (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.batches))
-
-
 def fit_streamed(
     chunks: Path, max_steps: int = -1, ckpt_path=None, callbacks=(), seen=None, **trainer
 ) -> list[list[str]]:
@@ -348,7 +328,7 @@ def test_two_processes_see_disjoint_images_that_together_make_the_epoch(tmp_path
     write_chunks(root, tmp_path / "chunks", chunk_bytes=4000)
     assert 12 <= len(list((tmp_path / "chunks" / "train").glob("*.bin"))) <= 16
     fit_streamed(tmp_path / "chunks", seen=SeenImages(tmp_path), strategy="ddp_spawn", devices=2)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())["batches"] for r in (0, 1)]
     assert [len(batches) for batches in ranks] == [12, 12]  # 2 epochs of 6 batches
     train = {
         digest(image) for image in ImageFolders(str(root), image_size=16, val_size=1).split("train")[:][0]

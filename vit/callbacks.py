@@ -2,7 +2,8 @@
 `LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
-validation; `Profile`, where a few training steps' time goes; and where a run's files go
+validation; `SameCheckpoint`, which stops processes that resumed from different checkpoints;
+`Profile`, where a few training steps' time goes; and where a run's files go
 (`run_folder`) and reach MLflow (`log_artifact`).
 (`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
 in `vit.interpret.callbacks`.)"""
@@ -30,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit import compat, storage
+from vit.errors import DataError
 
 
 def run_folder(trainer: L.Trainer) -> Path | str:
@@ -380,6 +382,37 @@ class LastCheckpoint(ModelCheckpoint):
         self._save_unless_saved(trainer)
 
 
+class SameCheckpoint(Callback):
+    """Stops a run whose processes did not all restore the same checkpoint, before its first
+    step, with one line on every process naming what each read.
+
+    Under DDP every process reads `--ckpt_path` itself, as it resolves on its own machine. Where a
+    node cannot read it (`--ckpt_path last` with the run folder on node 0's disk alone), that
+    node starts again from scratch without a word (Lightning warns on rank 0 only, which did read
+    it): DDP hands it rank 0's weights, but its optimizer, schedule and epoch start again, so its
+    steps differ from the others' and the run hangs, the processes waiting on each other.
+    vit-train adds this callback to every run. It checks at `on_fit_start`, which DDP reaches
+    after restoring (strategies that restore later, FSDP and DeepSpeed, pass unchecked)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return
+        mine = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
+        read: list[str | None] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(read, mine)
+        if len(set(read)) == 1:
+            return
+        ranks: dict[str | None, list[int]] = {}
+        for rank, path in enumerate(read):
+            ranks.setdefault(path, []).append(rank)
+        said = [f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {p or 'none'}" for p, r in ranks.items()]
+        what = "; ".join(said)
+        raise DataError(
+            f"the processes read different checkpoints ({what}): every node must read the run's "
+            f"checkpoints at the same path (a shared file system, or a copy on each node; docs/cluster.md)"
+        )
+
+
 class Profile(Callback):
     """`torch.profiler` around `steps` training steps from optimizer step `start` (past compilation
     and warm-up): the host's wall time a step (from the first profiled step's start to the last's
@@ -387,7 +420,9 @@ class Profile(Callback):
     the operators' own times, which the host's include), and the costliest operators of each,
     written to `profile.txt` in the run folder (`run_folder`), with a Chrome trace `profile.json`
     if `trace`, and logged as `profile/*`. Where the host's time a step exceeds the device's, the
-    GPU waits for Python; the table says for what. `--trainer.callbacks+=vit.callbacks.Profile`."""
+    GPU waits for Python; the table says for what. `--trainer.callbacks+=vit.callbacks.Profile`.
+    Under DDP each process profiles its own steps and the first writes its report: the others
+    write nothing, as they write no other file of the run."""
 
     def __init__(self, start: int = 50, steps: int = 20, trace: bool = False, rows: int = 25):
         if start < 0 or steps < 1:
@@ -432,17 +467,18 @@ class Profile(Callback):
         sorts = ["self_cpu_time_total"] + ["self_device_time_total"] * (pl_module.device.type == "cuda")
         for sort in sorts:
             lines += [f"by {sort}:", events.table(sort_by=sort, row_limit=self.rows), ""]
-        folder = run_folder(trainer)
-        storage.write_text(storage.join(folder, "profile.txt"), "\n".join(lines))
-        trace = storage.join(folder, "profile.json")
-        if self.trace and storage.is_url(trace):  # torch writes a trace into a local file only
-            with tempfile.TemporaryDirectory() as temporary:
-                self.profiler.export_chrome_trace(str(Path(temporary, "profile.json")))
-                storage.write_bytes(trace, Path(temporary, "profile.json").read_bytes())
-        elif self.trace:
-            self.profiler.export_chrome_trace(str(trace))
+        if trainer.is_global_zero:  # the run folder is rank 0's: another node's may be elsewhere
+            folder = run_folder(trainer)
+            storage.write_text(storage.join(folder, "profile.txt"), "\n".join(lines))
+            trace = storage.join(folder, "profile.json")
+            if self.trace and storage.is_url(trace):  # torch writes a trace into a local file only
+                with tempfile.TemporaryDirectory() as temporary:
+                    self.profiler.export_chrome_trace(str(Path(temporary, "profile.json")))
+                    storage.write_bytes(trace, Path(temporary, "profile.json").read_bytes())
+            elif self.trace:
+                self.profiler.export_chrome_trace(str(trace))
+            print(lines[0])
         self.profiler = None
-        print(lines[0])
         for logger in trainer.loggers:
             logger.log_metrics(
                 {f"profile/{k}": float(v) for k, v in self.report.items()}, trainer.global_step

@@ -476,8 +476,23 @@ class StreamingImages(ImageDataModule):
         return ImageFolders.preparation_for(hparams)  # the same options, prepared the same way
 
     def dataset(self, name: str, shuffle: bool):
+        """litdata's dataset of split `name`, dealt as one node's whatever the nodes. litdata counts
+        the nodes itself (the world's processes over one machine's GPUs, or NNODES) and, counting
+        several, keeps each node from the second epoch on to the chunks it was dealt in the
+        first, so that its cache of a remote data set stays warm; but a chunk split between two
+        nodes then goes to both, whole: its images are seen twice an epoch, others never, and
+        the processes' shares differ in length (the longer waits for the others at its last
+        step). Counted as one node, every epoch is dealt afresh across all processes, each image
+        once; chunks read where they lie (a disk, a shared file system) need no cache, and those
+        of an object store cost a colder cache (a node downloads chunks it did not read before)."""
+        from litdata.utilities.env import _DistributedEnv
+
         transform = Encoded() if self.decode == "device" else Decode(self.preparation)
-        return chunks_dataset(self.folder(name), shuffle=shuffle, seed=self.seed, transform=transform)
+        folder = str(self.folder(name))
+        dataset = chunks_dataset(folder, shuffle=shuffle, seed=self.seed, transform=transform)
+        world = dataset.distributed_env
+        dataset.distributed_env = _DistributedEnv(world.world_size, world.global_rank, num_nodes=1)
+        return dataset
 
     def loader(self, name: str, shuffle: bool = False):
         """Batches of split `name`; shuffled, a last partial batch is dropped, as `batches` drops

@@ -31,7 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from vit import storage
-from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar, log_artifact, run_folder
+from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar, SameCheckpoint, log_artifact, run_folder
 from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
@@ -140,7 +140,8 @@ class ViTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """Lightning's Trainer with our progress bar and model summary (`vit.callbacks`) in place of
-        its defaults, unless the config turns them off or names its own, and checkpoints written
+        its defaults, unless the config turns them off or names its own, a check that every
+        process resumed from the same checkpoint (`SameCheckpoint`), and checkpoints written
         atomically (`AtomicCheckpointIO`) unless it names another CheckpointIO."""
         config = self._get(self.config_init, "trainer", default={})
         callbacks = config.get("callbacks") or []
@@ -151,6 +152,8 @@ class ViTCLI(LightningCLI):
         ):
             if config.get(switch) is not False and not any(isinstance(c, kind) for c in callbacks):
                 callbacks.append(ours())
+        if not any(isinstance(c, SameCheckpoint) for c in callbacks):
+            callbacks.append(SameCheckpoint())  # every process resumes from the same checkpoint
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
