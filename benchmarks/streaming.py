@@ -3,6 +3,7 @@
     python -m benchmarks.streaming memory             # vit-train and vit-eval at 1,000 and 8,000 images
     python -m benchmarks.streaming speed              # images/s of three loaders at 32 and 224 px
     python -m benchmarks.streaming speed --smoke      # seconds, on generated images
+    python -m benchmarks.streaming speed --s3         # and the chunks streamed from an S3 server
 
 memory: for each size, a folder of generated JPEGs (train/, and test/ holding the same files) and
 its chunks (`vit.streaming.write_chunks`); then, each in a process of its own, one epoch of
@@ -17,6 +18,11 @@ indexed out of the decoded split in memory; its one-time decode is reported apar
 torchvision's `ImageFolder` with a `DataLoader` (files opened and decoded in the same number of
 workers), on the same JPEG files: CIFAR-10's (32 px) and the same images enlarged to 224 px;
 with a GPU, (d) `StreamingImages(decode="device")`: the workers read, the GPU decodes each batch.
+
+--s3 adds, to either, the same chunks uploaded to an S3-compatible server on this machine (moto's,
+`lab.s3server`, on 127.0.0.1) and streamed from there: litdata downloads each chunk into its cache
+(here a folder of the work folder) and reads it as it reads a disk's, so the figures say what the
+download and the client cost beside a disk, not what a network between machines costs.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 from PIL import Image
 
 from lab.machine import cpu_name
+from lab.s3server import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR10 = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
@@ -81,7 +88,7 @@ def peak_megabytes(module: str, *args: str) -> float:
 
 
 def memory(
-    sizes: list[int], image_size: int, work: Path, chunk_bytes: str = "64MB"
+    sizes: list[int], image_size: int, work: Path, chunk_bytes: str = "64MB", s3: str | None = None
 ) -> dict[str, dict[int, float]]:
     """Peak MB of vit-train (one epoch) and vit-eval, per data module and size (see the
     module's docstring)."""
@@ -90,23 +97,29 @@ def memory(
     modules = {
         "ImageFolders": "vit.datamodules.ImageFolders",
         "StreamingImages": "vit.streaming.StreamingImages",
+        **({"StreamingImages from S3": "vit.streaming.StreamingImages"} if s3 else {}),
     }
     peaks: dict[str, dict[int, float]] = {}
     for count in sizes:
         folder = generated_folder(work / f"images{count}", count, image_size)
         write_chunks(folder, work / f"chunks{count}", chunk_bytes=chunk_bytes)
+        roots = {"ImageFolders": folder, "StreamingImages": work / f"chunks{count}"}
+        if s3:
+            roots["StreamingImages from S3"] = f"{s3}/chunks{count}"
+            write_chunks(folder, roots["StreamingImages from S3"], chunk_bytes=chunk_bytes)
         for short, module in modules.items():
-            root = folder if short == "ImageFolders" else work / f"chunks{count}"
+            root = roots[short]
             runs = work / f"runs{count}"
             train = [
                 "fit", "--data", module, "--data.root", str(root),
                 "--data.image_size", str(image_size), "--data.batch_size", "250", "--data.crop_padding", "0",
                 "--model.vit.preset", "micro", "--model.vit.patch_size", str(image_size // 4),
                 "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
-                "--trainer.logger.init_args.save_dir", str(runs), "--trainer.logger.init_args.name", short,
+                "--trainer.logger.init_args.save_dir", str(runs),
+                "--trainer.logger.init_args.name", short.replace(" ", "_"),
             ]  # fmt: skip
             peaks.setdefault(f"vit-train, {short}", {})[count] = peak_megabytes("vit.commands.train", *train)
-            ckpt = runs / short / "version_0" / "checkpoints" / "last.ckpt"
+            ckpt = runs / short.replace(" ", "_") / "version_0" / "checkpoints" / "last.ckpt"
             peaks.setdefault(f"vit-eval, {short}", {})[count] = peak_megabytes(
                 "vit.commands.eval", "--ckpt", str(ckpt)
             )
@@ -162,7 +175,14 @@ def cifar10_folder(root: Path, per_class: int, size: int, smoke: bool) -> Path:
 
 
 def speed(
-    sizes: list[int], per_class: int, workers: int, batch: int, epochs: int, work: Path, smoke: bool
+    sizes: list[int],
+    per_class: int,
+    workers: int,
+    batch: int,
+    epochs: int,
+    work: Path,
+    smoke: bool,
+    s3: str | None = None,
 ) -> dict:
     """Images/s of the three loaders at each image size (see the module's docstring)."""
     from torchvision import datasets
@@ -191,6 +211,11 @@ def speed(
                 persistent_workers=workers > 0,
             ),
         }  # fmt: skip
+        if s3:
+            url = f"{s3}/chunks{size}"
+            write_chunks(folder, url, val_size=1)
+            from_s3 = StreamingImages(url, **options)
+            loaders[f"streaming from S3 ({workers} workers)"] = from_s3.train_dataloader()
         if torch.cuda.is_available():  # the workers hand on the files' bytes; nvJPEG decodes each batch
             on_gpu = StreamingImages(str(work / f"chunks{size}"), decode="device", **options)
             loaders[f"streaming, decoded on the GPU ({workers} workers read)"] = GPUDecoded(on_gpu)
@@ -213,27 +238,39 @@ def main(argv: list[str] | None = None) -> dict:
         "--work", type=Path, help="where the images and chunks go (default: a temporary folder)"
     )
     parser.add_argument("--smoke", action="store_true", help="a few generated images: seconds, any machine")
+    parser.add_argument("--s3", action="store_true", help="also stream the chunks from an S3 server here")
     args = parser.parse_args(argv)
     if args.smoke:
         args.per_class, args.batch, args.epochs = 4, 4, 1
     work = args.work or Path(tempfile.mkdtemp(prefix="vit-streaming-"))
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}")
+    server = s3 = None
+    environment = dict(os.environ)  # put back at the end: a test may call main()
+    if args.s3:
+        server = S3Server().start()
+        os.environ.update(server.env())  # for this process, its loaders and the commands it runs
+        os.environ["LITDATA_CACHE_DIR"] = str(work / "litdata-cache")  # read by litdata at import
+        s3 = f"s3://{server.bucket()}"
     if args.what == "memory":
         sizes = args.sizes or ([30, 60] if args.smoke else [1000, 8000])
         image_size = 16 if args.smoke else args.image_size
-        results = memory(sizes, image_size, work, args.chunk_bytes)
+        results = memory(sizes, image_size, work, args.chunk_bytes, s3)
         print(f"\npeak resident memory (MB), {image_size}-px JPEGs, chunks of {args.chunk_bytes}")
         print(f"{'process':32}" + "".join(f"{n:>10,} images" for n in sizes))
         for name, peaks in results.items():
             print(f"{name:32}" + "".join(f"{peaks[n]:17.0f}" for n in sizes))
     else:
         sizes = args.sizes or ([16] if args.smoke else [32, 224])
-        results = speed(sizes, args.per_class, args.workers, args.batch, args.epochs, work, args.smoke)
+        results = speed(sizes, args.per_class, args.workers, args.batch, args.epochs, work, args.smoke, s3)
         for size, figures in results.items():
             count = args.per_class * (len(CLASSES) if args.smoke or not CIFAR10.is_dir() else 10)
             print(f"\n{size} px, {count} JPEGs, batches of {args.batch}: images/s out of the training loader")
             for name, value in figures.items():
                 print(f"  {name:46} {value:10.1f}")
+    if server is not None:
+        server.stop()
+        os.environ.clear()
+        os.environ.update(environment)
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
     return results

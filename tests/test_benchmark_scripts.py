@@ -124,13 +124,15 @@ def test_streaming_speed_benchmark_smoke(capsys):
     pytest.importorskip("litdata")
     from benchmarks.streaming import main
 
-    results = main(["speed", "--smoke"])
+    pytest.importorskip("moto.server")
+    results = main(["speed", "--smoke", "--s3"])
     assert set(results) == {16}
     figures = results[16]
-    assert len(figures) == 4 and all(value > 0 for name, value in figures.items() if "decode" not in name)
+    assert len(figures) == 5 and all(value > 0 for name, value in figures.items() if "decode" not in name)
     out = capsys.readouterr().out
     assert "16 px, 12 JPEGs, batches of 4: images/s out of the training loader" in out
     assert "streaming (StreamingImages, 2 workers)" in out and "machine: " in out
+    assert "streaming from S3 (2 workers)" in out
 
 
 @pytest.mark.slow
