@@ -1,13 +1,18 @@
-"""Helpers shared by the tests: CLI runs, fake image folders, an unsafe pickle."""
+"""Helpers shared by the tests: CLI runs, fake image folders, an unsafe pickle, fits in one process
+or two."""
 
 import gzip
 import os
+import pickle
+import socket
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
+import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,8 +64,6 @@ def save_as_vit_train(model, data, path: Path) -> None:
     """A ViTClassifier trained on two circles, saved as vit-train saves it today: weights, its
     hyperparameters and its data module's (with the class paths LightningCLI records), the
     preparation of its images and the format version."""
-    import torch
-
     from vit import compat
 
     torch.save(
@@ -87,6 +90,44 @@ def write_image(path: Path, value: int, mode: str, size: tuple[int, int]) -> Non
     else:
         image = Image.new("RGB", size, (value,) * 3)
     image.save(path)
+
+
+class SeedEachProcess(L.Callback):
+    """Seeds each process its own way when training starts, as a run that wants each process to
+    draw its own augmentation does: a resumed run that gave every process rank 0's random state
+    would then draw other numbers in the others."""
+
+    def on_train_start(self, trainer, pl_module):
+        torch.manual_seed(1000 + trainer.global_rank)
+
+
+def fit(data, model, ckpt_path=None, **trainer) -> None:
+    """`model` fitted to `data` on the CPU by a quiet `Trainer(**trainer)`, from `ckpt_path` if
+    given."""
+    options = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    L.Trainer(**options | trainer).fit(model, data, ckpt_path=ckpt_path)
+
+
+def fit_in_two_processes(*runs: dict) -> None:
+    """`fit(**run)` for each of `runs` in turn, under DDP (gloo on the CPU) in two processes that
+    Lightning takes for a launcher's (`strategy="ddp"`): the same two for every run, where
+    `ddp_spawn` starts two for each fit, each importing torch, Lightning and vit again. Each process
+    gets its own copy of the runs' data modules, models and callbacks, as `ddp_spawn` gives it."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    # pickled here: handed over as they are, the models' tensors would be shared memory, one copy
+    # of the weights that both processes' optimizers step
+    torch.multiprocessing.spawn(fit_runs, args=(port, pickle.dumps(runs)), nprocs=2)
+
+
+def fit_runs(rank: int, port: int, runs: bytes) -> None:
+    """One of `fit_in_two_processes`' processes: what a launcher tells DDP's process `rank`."""
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                   "NODE_RANK": "0", "LOCAL_RANK": str(rank), "RANK": str(rank)}  # fmt: skip
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # the cores shared, as ddp_spawn does
+    for run in pickle.loads(runs):
+        fit(**run, strategy="ddp", devices=2)
 
 
 def make_folders(root: Path, classes=("ant", "bee", "cat"), per_class: dict | None = None) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import command_error, make_folders, tiny_args
+from helpers import command_error, fit, make_folders, tiny_args
 from PIL import Image
 from seen import SeenImages, digest
 
@@ -269,25 +269,26 @@ def test_chunks_of_other_classes_or_without_a_split_are_refused(tmp_path):
     assert StreamingImages(str(tmp_path / "chunks"), image_size=1).preparation.size == (1, 1)
 
 
-def fit_streamed(
-    chunks: Path, max_steps: int = -1, ckpt_path=None, callbacks=(), seen=None, **trainer
-) -> list[list[str]]:
+def streamed_run(chunks: Path, ckpt_path=None, callbacks=(), seen=None, augment=False, **trainer) -> dict:
     """Two epochs of a tiny ViT on the chunks, no augmentation (a batch's images are the files'
-    pixels); the images of each training batch."""
+    pixels) unless `augment` (random crops and flips), recording the images of each training batch
+    (`seen`): `fit`'s arguments."""
     from vit import ViTClassifier, ViTConfig
     from vit.streaming import StreamingImages
 
-    seen = seen or SeenImages()
-    trainer = L.Trainer(
-        max_steps=max_steps, max_epochs=2, callbacks=[seen, *callbacks], logger=False, accelerator="cpu",
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        default_root_dir=chunks.parent, **trainer,
-    )  # fmt: skip
-    data = StreamingImages(str(chunks), image_size=16, batch_size=4, crop_padding=0, flip=False)
+    data = StreamingImages(str(chunks), image_size=16, batch_size=4, crop_padding=2 * augment, flip=augment)
     model = ViTClassifier(
         num_classes=3, in_channels=3, image_size=16, vit=ViTConfig(preset="micro", patch_size=8)
     )
-    trainer.fit(model, data, ckpt_path=ckpt_path)
+    callbacks = [seen or SeenImages(), *callbacks]
+    return dict(data=data, model=model, ckpt_path=ckpt_path, callbacks=callbacks, max_epochs=2,
+                limit_val_batches=0, default_root_dir=chunks.parent, **trainer)  # fmt: skip
+
+
+def fit_streamed(chunks: Path, seen=None, **options) -> list[list[str]]:
+    """`streamed_run` fitted; the images of each training batch."""
+    seen = seen or SeenImages()
+    fit(**streamed_run(chunks, seen=seen, **options))
     return seen.batches
 
 
