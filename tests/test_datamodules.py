@@ -10,13 +10,24 @@ import shutil
 import urllib.error
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from helpers import command_error, make_folders, run_train, write_idx, write_image
+from helpers import (
+    SeedEachProcess,
+    command_error,
+    fit,
+    fit_in_two_processes,
+    make_folders,
+    run_train,
+    write_idx,
+    write_image,
+)
 from PIL import Image
+from seen import SeenImages
 
 import vit.cache
 import vit.decode
@@ -31,6 +42,7 @@ from vit.datamodules import (
     FashionMNIST,
     ImageFolders,
     InMemory,
+    InMemoryDataModule,
     batches,
     holdout,
 )
@@ -524,30 +536,172 @@ def test_vit_train_runs_data_parallel_on_two_cpu_processes(tmp_path, runs):
     assert max(int(r["step"]) for r in rows if r["epoch"] == "0") == 2  # steps 0-2: 3 per epoch
 
 
+class Numbers(InMemoryDataModule):
+    """64 one-pixel images numbered 0 to 63 (their labels), in batches of 8."""
+
+    def __init__(self):
+        super().__init__(batch_size=8, num_workers=0)
+
+    def split(self, name: str) -> InMemory:
+        return InMemory(torch.arange(64).view(64, 1, 1, 1).to(torch.uint8), torch.arange(64), raw=True)
+
+
 def test_a_training_loader_restored_mid_epoch_gives_the_rest_of_the_epoch_and_what_follows():
-    """The loader's state, taken after 3 of 8 batches (as Lightning takes it for a checkpoint),
-    makes a new loader give the other 5 in the same order, then the same next epoch, with the
-    same random numbers drawn between them as the loader that went on."""
-    dataset = InMemory(torch.arange(64).view(64, 1, 1, 1).to(torch.uint8), torch.arange(64), raw=True)
+    """The training loader's state and its data module's, taken after 3 of 8 batches (as
+    Lightning takes them for a checkpoint), make a new data module's loader give the other 5 in
+    the same order, then the same next epoch, with the same random numbers drawn between them as
+    the loader that went on."""
 
     def labels(epoch) -> list[list[int]]:
         return [batch[1].tolist() for batch in epoch]
 
     torch.manual_seed(0)
-    first = batches(dataset, 8, shuffle=True)
+    data = Numbers()
+    first = data.train_dataloader()
     epoch = iter(first)
     seen = [next(epoch) for _ in range(3)]
-    state = first.state_dict()
+    state, data_state = first.state_dict(), data.state_dict()
     rest = labels(epoch) + [torch.rand(2).tolist()]  # a random number drawn after the epoch
     following = labels(first)
 
     torch.manual_seed(123)  # a new process: another random state, which the loader puts back
-    second = batches(dataset, 8, shuffle=True)
+    again = Numbers()
+    again.load_state_dict(data_state)
+    second = again.train_dataloader()
     second.load_state_dict(state)
     assert len(second) == 8
     assert labels(second) + [torch.rand(2).tolist()] == rest
     assert labels(second) == following
     assert len({i for b in labels(seen) + rest[:-1] for i in b}) == 64  # the epoch: each image once
+
+
+def test_each_process_takes_its_share_of_the_epoch_order_as_a_distributed_sampler_would():
+    """Two processes, 11 images in batches of 2: each process takes every other index of the
+    epoch's order (padded with its first index to 12), as torch's DistributedSampler takes it from
+    the same order, in 3 batches; together the shares make the epoch. The loader shows Lightning a
+    DistributedSampler, so that it leaves the loader as it is under DDP (in one process, the
+    DataLoader's own sampler)."""
+    from torch.utils.data import DistributedSampler, SequentialSampler
+
+    dataset = InMemory(torch.arange(11).view(11, 1, 1, 1).to(torch.uint8), torch.arange(11), raw=True)
+    order = torch.randperm(11, generator=torch.Generator().manual_seed(5)).tolist()
+    shares = []
+    for rank in (0, 1):
+        loader = batches(dataset, 2, shuffle=True, processes=2, rank=rank)
+        assert isinstance(loader.sampler, DistributedSampler) and len(loader) == 3
+        loader.batch_sampler.resume_at(5, 0)  # the epoch whose order is drawn with seed 5
+        share = [i for _, labels in loader for i in labels.tolist()]
+        expected = [order[i] for i in DistributedSampler(order, num_replicas=2, rank=rank, shuffle=False)]
+        assert share == expected[:6]
+        shares.append(share)
+    assert len(set(shares[0]) | set(shares[1])) == 11 and len(shares[0] + shares[1]) == 12
+    assert isinstance(batches(dataset, 2, shuffle=True).sampler, SequentialSampler)
+
+
+def test_a_training_loader_given_the_state_of_a_finished_epoch_starts_the_next_afresh():
+    """Where training is counted in steps (max_steps), Lightning hands back the loader's state at
+    an epoch's end too: the next epoch is a whole one, not the nothing left of the finished one."""
+    dataset = InMemory(torch.arange(64).view(64, 1, 1, 1).to(torch.uint8), torch.arange(64), raw=True)
+    first = batches(dataset, 8, shuffle=True)
+    finished = [labels for _, labels in first]
+    again = batches(dataset, 8, shuffle=True)
+    again.load_state_dict(first.state_dict())
+    following = [labels for _, labels in again]
+    assert len(following) == 8 and torch.cat(following).sort().values.tolist() == list(range(64))
+    assert not torch.equal(torch.cat(following), torch.cat(finished))
+
+
+def test_a_run_resumed_by_another_number_of_processes_goes_on_and_says_it_is_not_exact():
+    """A checkpoint written by two processes, resumed by one: the training loader goes on with the
+    rest of the checkpoint's epoch, but this process has no random state of its own to put back,
+    and the data module warns that the run does not go on as one never stopped would."""
+    from vit.datamodules import random_state
+
+    data = TwoCircles(num_train=64, num_val=8, num_test=8, batch_size=8)
+    data.setup("fit")
+    data.load_state_dict({"random": [random_state(), random_state()]})
+    with pytest.warns(
+        UserWarning, match="written by 2 processes and the run resumed by 1: it goes on, but not"
+    ):
+        loader = data.train_dataloader()
+    assert loader.random is None
+    loader.load_state_dict({"seed": 5, "taken": 2})
+    assert len(list(loader)) == 6
+
+
+def folders_run(root: Path, folder: Path, ckpt_path=None, callbacks=()) -> dict:
+    """Two epochs of a micro ViT on `make_folders`' images with random crops and flips, each
+    process seeded its own way (`SeedEachProcess`), recording in `folder` what each process trained
+    on and the weights it ended with (`SeenImages`): `fit`'s arguments."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = ImageFolders(str(root), image_size=16, val_size=4, batch_size=4, crop_padding=2)
+    model = ViTClassifier(
+        num_classes=3, in_channels=3, image_size=16, vit=ViTConfig(preset="micro", patch_size=8)
+    )
+    callbacks = [SeenImages(folder), SeedEachProcess(), *callbacks]
+    return dict(
+        data=data,
+        model=model,
+        ckpt_path=ckpt_path,
+        callbacks=callbacks,
+        max_epochs=2,
+        default_root_dir=folder,
+    )
+
+
+def assert_same_weights(got: dict, expected: dict) -> None:
+    for name, weights in expected.items():
+        torch.testing.assert_close(got[name], weights, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_run_resumed_mid_epoch_or_at_an_epoch_end_ends_with_the_weights_of_one_never_stopped(tmp_path):
+    """One process, 32 images with random crops and flips, 8 steps an epoch: a run resumed from its
+    checkpoint at step 3, or from the one written after the validation that ends epoch 0 (as
+    last.ckpt is, which `--ckpt_path last` reads to train a finished run longer), trains on the
+    batches a run never stopped trained on after it, augmented alike, and ends with its weights."""
+    root = make_folders(tmp_path / "data", per_class={"train": 12})
+    steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "steps", every_n_train_steps=3, save_top_k=-1)
+    epochs = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "epochs", every_n_epochs=1, save_top_k=-1)
+    fit(**folders_run(root, tmp_path / "never_stopped", callbacks=[steps, epochs]))
+    (never_stopped,) = SeenImages.of_processes(tmp_path / "never_stopped", 1)
+    assert len(never_stopped["batches"]) == 16
+    for ckpt, step in (
+        (tmp_path / "steps" / "epoch=0-step=3.ckpt", 3),
+        (tmp_path / "epochs" / "epoch=0-step=8.ckpt", 8),
+    ):
+        fit(**folders_run(root, tmp_path / f"resumed_{step}", ckpt_path=ckpt))
+        (resumed,) = SeenImages.of_processes(tmp_path / f"resumed_{step}", 1)
+        assert resumed["batches"] == never_stopped["batches"][step:], f"resumed at step {step}"
+        assert_same_weights(resumed["weights"], never_stopped["weights"])
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_mid_epoch_end_with_the_weights_of_a_run_never_stopped(tmp_path):
+    """DDP on the CPU (gloo, two processes), each seeded its own way, with random crops and flips:
+    32 images, 16 a process in 4 batches of 4 each epoch. Resumed from the checkpoint at step 3
+    (mid-epoch 0), each process goes on with the batches it had not trained on, augmented alike,
+    then epoch 1, and the run ends with the weights of the run never stopped. Each epoch the
+    processes' shares are disjoint and make the epoch. (Lightning writes rank 0's checkpoint only:
+    the other process's random state is gathered into it.)"""
+    root = make_folders(tmp_path / "data", per_class={"train": 12})
+    steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "steps", every_n_train_steps=3, save_top_k=-1)
+    fit_in_two_processes(
+        folders_run(root, tmp_path / "never_stopped", callbacks=[steps]),
+        folders_run(root, tmp_path / "resumed", ckpt_path=tmp_path / "steps" / "epoch=0-step=3.ckpt"),
+    )
+    never_stopped, resumed = (
+        SeenImages.of_processes(tmp_path / name, 2) for name in ("never_stopped", "resumed")
+    )
+    assert [len(process["batches"]) for process in never_stopped] == [8, 8]
+    for epoch in (0, 1):
+        first, second = (
+            {tuple(file) for files in process["files"][4 * epoch : 4 * epoch + 4] for file in files}
+            for process in never_stopped
+        )
+        assert len(first) == len(second) == 16 and not first & second
+    for rank in (0, 1):
+        assert resumed[rank]["batches"] == never_stopped[rank]["batches"][3:], f"rank {rank}"
+    assert_same_weights(resumed[0]["weights"], never_stopped[0]["weights"])
 
 
 @pytest.mark.parametrize("resize", ["stretch", "center_crop"])

@@ -129,7 +129,8 @@ def test_shuffled_batches_come_in_the_order_a_shuffled_dataloader_draws():
             assert torch.equal(a, b)
     loader = batches(dataset, 16, shuffle=True)
     assert isinstance(loader.batch_sampler, ShuffledBatches) and len(loader) == 3
-    assert not isinstance(batches(dataset, 16, shuffle=True, processes=2).batch_sampler, ShuffledBatches)
+    shared = batches(dataset, 16, shuffle=True, processes=2, rank=1)  # each process's share: 25 images
+    assert isinstance(shared.batch_sampler, ShuffledBatches) and len(shared) == 1
 
 
 def test_the_recipe_network_compiles_into_one_graph():

@@ -33,7 +33,8 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Sampler
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vit.augment import POLICIES, mix, random_crop_flip
 from vit.decode import check_same_classes, class_folders, read_idx, read_image_folder, read_masks
@@ -85,22 +86,95 @@ class InMemory(Dataset):
         return (*self[index], index) if self.indexed else self[index]
 
 
-class ShuffledBatches(Sampler[torch.Tensor]):
-    """The batch sampler of a one-process training loader: the batches of a shuffled epoch, in the
-    order `DataLoader(shuffle=True)` draws them for the same seed, each a slice of one index tensor
-    on the data's `device`. The epoch's order crosses to a GPU once, from pinned memory without
-    waiting, where a list of indices would be built on the host and copied at every step.
+def rank_and_count() -> tuple[int, int]:
+    """(this process's rank, the number of processes) of torch.distributed's process group, which
+    Lightning sets up under DDP; (0, 1) without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def every_process(value) -> list:
+    """`value` of every process, in rank order (`[value]` in one process); every process must
+    ask, at the same point of its run."""
+    count = rank_and_count()[1]
+    if count == 1:
+        return [value]
+    values = [None] * count
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
+def random_state() -> dict:
+    """torch's random state in this process, which augmentation, dropout and MixUp draw from: the
+    CPU generator's and, where CUDA is in use, each device's."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_random_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RandomStateAtResume:
+    """A training loader (a DataLoader subclass) that puts back, when it makes its next iterator,
+    the random state `random` that a resumed run had when its checkpoint was written (the data
+    module's, `InMemoryDataModule.resuming`): in the middle of an epoch (`mid_epoch`, which the
+    loader's own `load_state_dict` sets) just after that iterator has drawn its workers' seed, as
+    the stopped epoch's iterator had drawn it before the checkpoint; at an epoch's end just before,
+    as the next epoch's iterator of a run never stopped drew it from that state."""
+
+    random: dict | None = None  # this process's random state, to put back
+    mid_epoch = False  # the checkpoint was written in the middle of an epoch, which goes on
+
+    def _get_iterator(self):
+        if self.random is not None and not self.mid_epoch:
+            set_random_state(self.random)
+            self.random = None
+        iterator = super()._get_iterator()  # draws its workers' seed from torch's random state
+        if self.random is not None:
+            set_random_state(self.random)
+            self.random = None
+        self.mid_epoch = False
+        return iterator
+
+
+class ShuffledBatches(DistributedSampler):
+    """The batch sampler of a training loader: this process's batches of a shuffled epoch, each a
+    slice of one index tensor on the data's `device`. The epoch's order crosses to a GPU once, from
+    pinned memory without waiting, where a list of indices would be built on the host and copied
+    at every step.
+
+    In one process the batches come in the order `DataLoader(shuffle=True)` draws them for the
+    same seed. With several (`processes`, this one `rank`), every process draws the epoch's seed
+    and takes rank 0's, so that all shuffle alike, and takes its share of the order as Lightning's
+    DistributedSampler would: the order padded with its first indices to a multiple of
+    `processes`, then every `processes`-th index from `rank`. A DistributedSampler by type only, so
+    that Lightning leaves it in place (`ResumableLoader.sampler`).
 
     `seed` is the current epoch's. `resume_at(seed, start)` makes the next epoch that epoch again
     from its batch `start` (`ResumableLoader`)."""
 
-    def __init__(self, size: int, batch_size: int, drop_last: bool, device: torch.device):
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        drop_last: bool,
+        device: torch.device,
+        processes: int = 1,
+        rank: int = 0,
+    ):
+        # not DistributedSampler's __init__, which asks torch.distributed for what is given here
         self.size, self.batch_size, self.drop_last, self.device = size, batch_size, drop_last, device
+        self.num_replicas, self.rank = processes, rank  # DistributedSampler's names
+        self.share = -(-size // processes)  # images a process takes each epoch
         self.seed: int | None = None
         self._resume: tuple[int, int] | None = None
 
     def __len__(self) -> int:
-        return self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
+        return self.share // self.batch_size if self.drop_last else -(-self.share // self.batch_size)
 
     def resume_at(self, seed: int, start: int) -> None:
         self._resume = (seed, start)
@@ -108,53 +182,67 @@ class ShuffledBatches(Sampler[torch.Tensor]):
     def __iter__(self):
         start = 0
         if self._resume is None:
-            self.seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as RandomSampler draws it
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as RandomSampler draws it
+            self.seed = every_process(seed)[0] if self.num_replicas > 1 else seed
         else:
             (self.seed, start), self._resume = self._resume, None
         order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed))
+        if self.num_replicas > 1:
+            padded = self.share * self.num_replicas
+            order = order.repeat(-(-padded // self.size))[:padded][self.rank :: self.num_replicas]
         if self.device.type == "cuda":
             order = order.pin_memory().to(self.device, non_blocking=True)
         yield from order.split(self.batch_size)[start : len(self)]
 
 
-class ResumableLoader(DataLoader):
-    """A one-process training loader that knows where it is in its epoch, so that a run resumed
-    from a checkpoint written mid-epoch goes on with the batches it had not seen yet, in the same
-    order, and draws the same random numbers after them as a run never stopped.
+class ResumableLoader(RandomStateAtResume, DataLoader):
+    """A training loader that knows where it is in its epoch, so that a run resumed from a
+    checkpoint written in the middle of an epoch goes on with the batches it had not seen yet, in
+    the same order, then the next epochs, in one process or several.
 
     Lightning puts `state_dict()` in every checkpoint it writes during fit, and gives it to
-    `load_state_dict` before a resumed epoch begins: the epoch's shuffle seed, how many of its
-    batches the loop has taken, and torch's random state (CPU and CUDA) at that moment, which the
-    rest of the epoch and the next epochs' orders draw from (augmentation, dropout, MixUp)."""
+    `load_state_dict` before a resumed epoch begins, when that epoch was not finished: the epoch's
+    shuffle seed and how many of its batches the loop has taken (the same in every process). The
+    random state that the rest of the epoch and the next epochs' orders draw from (augmentation,
+    dropout, MixUp) is the data module's to keep, as Lightning hands a loader's state back only
+    mid-epoch; the loader puts it back (`RandomStateAtResume`)."""
 
     def __init__(self, dataset: Dataset, batch_sampler: ShuffledBatches, **kwargs):
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.taken = 0  # batches of the current epoch handed to the loop
-        self._random: dict | None = None  # torch's random state to restore when the epoch resumes
+
+    # Under DDP Lightning puts a DistributedSampler in place of a training loader's sampler unless
+    # it is one already, and rebuilds the loader around it, which drops a batch sampler like ours
+    # (`_requires_distributed_sampler`, `_update_dataloader`). So with several processes the
+    # sampler it sees is the batch sampler, which takes its process's share itself; in one, the
+    # DataLoader's own (a SequentialSampler, which a loader with a batch sampler never reads).
+    @property
+    def sampler(self) -> Sampler:
+        return self.batch_sampler if self.batch_sampler.num_replicas > 1 else self._sampler
+
+    @sampler.setter
+    def sampler(self, sampler: Sampler) -> None:
+        self._sampler = sampler
 
     def __iter__(self):
-        iterator = super().__iter__()  # draws its workers' seed from torch's random state
-        if self._random is not None:  # after that draw, as in the epoch that was stopped
-            torch.set_rng_state(self._random["cpu"])
-            if self._random["cuda"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(self._random["cuda"])
-            self._random = None
-        else:
+        if not self.mid_epoch:
             self.taken = 0
-        for batch in iterator:
+        for batch in super().__iter__():
             self.taken += 1
             yield batch
 
     def state_dict(self) -> dict:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-        random = {"cpu": torch.get_rng_state(), "cuda": cuda}
-        return {"seed": self.batch_sampler.seed, "taken": self.taken, "random": random}
+        return {"seed": self.batch_sampler.seed, "taken": self.taken}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("seed") is None:  # written before the first epoch began
+        # not yet begun, or finished (Lightning hands the state of a finished epoch back where
+        # training is counted in steps, max_steps): the next epoch starts afresh
+        if state.get("seed") is None or state["taken"] >= len(self.batch_sampler):
             return
         self.batch_sampler.resume_at(state["seed"], state["taken"])
-        self.taken, self._random = state["taken"], state["random"]
+        self.taken, self.mid_epoch = state["taken"], True
+        if "random" in state and self.random is None:  # written when the loader's state held it
+            self.random = state["random"]
 
 
 def whole_batch(batch):
@@ -163,19 +251,26 @@ def whole_batch(batch):
 
 
 def batches(
-    dataset: InMemory, batch_size: int, shuffle: bool = False, num_workers: int = 0, processes: int = 1
+    dataset: InMemory,
+    batch_size: int,
+    shuffle: bool = False,
+    num_workers: int = 0,
+    processes: int = 1,
+    rank: int = 0,
 ) -> DataLoader:
-    """The loader of every data module: whole batches of an `InMemory` split (training shuffles
-    and drops a last partial batch). Shuffled in one process, the batches are slices of the
-    epoch's order on the data's device (`ShuffledBatches`), and a run resumed mid-epoch goes on
-    where it stopped (`ResumableLoader`); with several, Lightning gives each process its share
-    through a distributed sampler, and a resumed run starts its epoch again."""
-    drop_last = shuffle and len(dataset) > batch_size
+    """The loader of every data module: whole batches of an `InMemory` split. Training's is
+    shuffled: its batches are slices of the epoch's order on the data's device, this process's
+    share of it where there are several (`ShuffledBatches`; a last partial batch is dropped unless
+    it is the only one), and a run resumed from a checkpoint goes on where it stopped
+    (`ResumableLoader`), with the random state its data module kept (`InMemoryDataModule`)."""
     loader = dict(collate_fn=whole_batch, num_workers=num_workers, persistent_workers=num_workers > 0)
-    if shuffle and processes == 1:
-        order = ShuffledBatches(len(dataset), batch_size, drop_last, dataset.images.device)
+    if shuffle:
+        share = -(-len(dataset) // processes)
+        order = ShuffledBatches(
+            len(dataset), batch_size, share > batch_size, dataset.images.device, processes, rank
+        )
         return ResumableLoader(dataset, order, **loader)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **loader)
+    return DataLoader(dataset, batch_size=batch_size, **loader)
 
 
 class InMemoryDataModule(L.LightningDataModule):
@@ -185,6 +280,8 @@ class InMemoryDataModule(L.LightningDataModule):
     A subclass implements `split(name)`, which makes the split on first use and keeps it in
     `splits` (name -> `InMemory`); it may change what the training loader reads
     (`training_data`). The validation, test and predict loaders read `split(name)` as it is.
+    Checkpoints hold torch's random state of every process (`state_dict`), which a resumed run's
+    training loader puts back (`resuming`).
     """
 
     def __init__(self, batch_size: int, num_workers: int):
@@ -193,6 +290,7 @@ class InMemoryDataModule(L.LightningDataModule):
         require(num_workers >= 0, f"num_workers={num_workers} must be >= 0")
         self.batch_size, self.num_workers = batch_size, num_workers
         self.splits: dict[str, InMemory] = {}  # name -> images and labels, made on first use
+        self.random_states: list[dict] | None = None  # a resumed run's, for its training loader
 
     def split(self, name: str) -> InMemory:
         """Split "train", "val" or "test": float32 images in [0, 1], ready for the model."""
@@ -209,6 +307,34 @@ class InMemoryDataModule(L.LightningDataModule):
         reads optional masks."""
         return None
 
+    def state_dict(self) -> dict:
+        """What Lightning writes of the data module in every checkpoint (each process is asked;
+        rank 0's is written): torch's random state in every process, which augmentation, dropout
+        and MixUp draw from."""
+        return {"random": every_process(random_state())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Lightning hands the data module's state back whenever a run resumes (a loader's only
+        when its epoch was not finished): every process's random state, which the next training
+        loader puts back (`resuming`)."""
+        self.random_states = state.get("random")
+
+    def resuming(self, loader: RandomStateAtResume) -> RandomStateAtResume:
+        """The training loader `loader`, given this process's random state in the checkpoint that
+        a run resumed from, if no loader has been given it yet (`RandomStateAtResume`). A run
+        resumed by another number of processes than wrote the checkpoint has none to give."""
+        states, self.random_states = self.random_states, None
+        rank, count = rank_and_count()
+        if states is not None and len(states) == count:
+            loader.random = states[rank]
+        elif states is not None:
+            rank_zero_warn(
+                f"the checkpoint was written by {len(states)} processes and the run resumed by {count}: "
+                f"it goes on, but not as one never stopped would (the rest of the epoch is shared out "
+                f"anew, and the random state of augmentation and dropout is not put back)"
+            )
+        return loader
+
     def setup(self, stage: str) -> None:
         wanted = {"fit": ("train", "val"), "validate": ("val",)}
         for name in wanted.get(stage, ("test",)):
@@ -221,8 +347,10 @@ class InMemoryDataModule(L.LightningDataModule):
                 split.images, split.labels = split.images.to(device), split.labels.to(device)
 
     def train_dataloader(self) -> DataLoader:
-        processes = self.trainer.world_size if self.trainer is not None else 1
-        return batches(self.training_data(), self.batch_size, True, self.num_workers, processes)
+        trainer = self.trainer
+        processes, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        loader = batches(self.training_data(), self.batch_size, True, self.num_workers, processes, rank)
+        return self.resuming(loader)
 
     def val_dataloader(self) -> DataLoader:
         return batches(self.split("val"), self.batch_size, num_workers=self.num_workers)

@@ -132,7 +132,8 @@ def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epoch
     trainer's device and in its precision; the stem is whitened on the first batch (airbench: on
     5,000 training images, not augmented) and its bias learns for 3 epochs. Then its accuracy on
     the validation split; both are printed and logged (`teacher/acc`, `time/teacher_seconds`).
-    Left out: airbench's Lookahead. With several processes, each trains its own."""
+    Left out: airbench's Lookahead. With several processes, each trains its own, on its share of
+    each epoch."""
     start = time.perf_counter()
     datamodule, device = trainer.datamodule, trainer.strategy.root_device
     network = AirbenchCNN(num_classes, in_channels).to(device)
