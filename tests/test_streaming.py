@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import command_error, fit, make_folders, tiny_args
+from helpers import SeedEachProcess, command_error, fit, fit_in_two_processes, make_folders, tiny_args
 from PIL import Image
 from seen import SeenImages, digest
 
@@ -306,6 +306,80 @@ def test_a_run_resumed_mid_epoch_goes_on_with_the_images_it_had_not_seen(tmp_pat
     assert stopped == never_stopped[:7]
     resumed = fit_streamed(tmp_path / "chunks", ckpt_path=tmp_path / "ckpts" / "epoch=0-step=5.ckpt")
     assert resumed == never_stopped[5:]
+
+
+def test_a_loader_given_the_state_of_a_finished_epoch_starts_the_next_afresh(tmp_path):
+    """Where training is counted in steps (max_steps), Lightning hands back the loader's state at
+    an epoch's end too (52 of the 54 images yielded: a last partial batch is dropped): the loader
+    gives the next epoch whole, shuffled as a loader never stopped shuffles it, not the epoch it
+    finished again nor the nothing left of it."""
+    from vit.streaming import StreamingImages
+
+    root = make_folders(tmp_path / "data", per_class={"train": 20})  # 54 train images: 13 batches of 4
+    write_chunks(root, tmp_path / "chunks")
+    data = StreamingImages(str(tmp_path / "chunks"), image_size=16, batch_size=4)
+    never_stopped = data.train_dataloader()
+    first = [[digest(image) for image in images] for images, _ in never_stopped]
+    state = never_stopped.state_dict()
+    following = [[digest(image) for image in images] for images, _ in never_stopped]
+    resumed = data.train_dataloader()
+    resumed.load_state_dict(state)
+    assert [[digest(image) for image in images] for images, _ in resumed] == following
+    assert len(following) == 13 and following != first
+
+
+def assert_same_weights(got: dict, expected: dict) -> None:
+    for name, weights in expected.items():
+        torch.testing.assert_close(got[name], weights, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_run_resumed_mid_epoch_or_at_an_epoch_end_augments_as_one_never_stopped(tmp_path):
+    """Random crops and flips, drawn from torch's random state: a run resumed from its checkpoint
+    at step 5 of a 13-step epoch, or from the one written at the end of that epoch, trains on the
+    images a run never stopped trained on after it, cropped and flipped alike, and ends with its
+    weights (the loader's state holds the random state, and puts it back)."""
+    root = make_folders(tmp_path / "data", per_class={"train": 20})  # 54 train images: 13 batches of 4
+    write_chunks(root, tmp_path / "chunks")
+    steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "steps", every_n_train_steps=5, save_top_k=-1)
+    epochs = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "epochs", every_n_epochs=1, save_top_k=-1)
+    never_stopped = SeenImages()
+    fit_streamed(tmp_path / "chunks", callbacks=[steps, epochs], seen=never_stopped, augment=True)
+    for ckpt, step in (
+        (tmp_path / "steps" / "epoch=0-step=5.ckpt", 5),
+        (tmp_path / "epochs" / "epoch=0-step=13.ckpt", 13),
+    ):
+        resumed = SeenImages()
+        fit_streamed(tmp_path / "chunks", ckpt_path=ckpt, seen=resumed, augment=True)
+        assert resumed.batches == never_stopped.batches[step:], f"resumed at step {step}"
+        assert_same_weights(resumed.weights, never_stopped.weights)
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_mid_epoch_augment_as_a_run_never_stopped(tmp_path):
+    """DDP on the CPU (gloo, two processes), each seeded its own way, random crops and flips: 54
+    images, 6 batches of 4 a process each epoch. Resumed from the checkpoint at step 4, each
+    process goes on with the images it had not trained on (litdata restores its share from rank
+    0's state), cropped and flipped alike (each process's random state is gathered into rank 0's
+    checkpoint), then epoch 1, and the run ends with the weights of the run never stopped."""
+    root = make_folders(tmp_path / "data", per_class={"train": 20})
+    write_chunks(root, tmp_path / "chunks")
+    steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "steps", every_n_train_steps=4, save_top_k=-1)
+
+    def run(name: str, **options) -> dict:
+        (tmp_path / name).mkdir()
+        return streamed_run(tmp_path / "chunks", seen=SeenImages(tmp_path / name), augment=True, **options)
+
+    fit_in_two_processes(
+        run("never_stopped", callbacks=[steps, SeedEachProcess()]),
+        run("resumed", ckpt_path=tmp_path / "steps" / "epoch=0-step=4.ckpt", callbacks=[SeedEachProcess()]),
+    )
+    never_stopped, resumed = (
+        SeenImages.of_processes(tmp_path / name, 2) for name in ("never_stopped", "resumed")
+    )
+    assert [len(process["batches"]) for process in never_stopped] == [12, 12]
+    for rank in (0, 1):
+        assert resumed[rank]["batches"] == never_stopped[rank]["batches"][4:], f"rank {rank}"
+    assert_same_weights(resumed[0]["weights"], never_stopped[0]["weights"])
 
 
 @pytest.mark.slow

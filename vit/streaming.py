@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +42,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from vit.datamodules import ImageDataModule, ImageFolders, holdout
+from vit.datamodules import ImageDataModule, ImageFolders, RandomStateAtResume, holdout
 from vit.decode import check_same_classes, class_folders, list_images, open_each
 from vit.errors import DataError, DataNotFoundError, UsageError, one_line, require
 from vit.preparation import Preparation, to_float
@@ -404,26 +405,31 @@ class StreamedSplit(Dataset):
         return self.decode(self.items[i : i + 1][0])
 
 
-def resumable_loader(dataset, **kwargs):
+def resumable_loader(dataset, epoch: Callable[[], int] | None = None, **kwargs):
     """litdata's `StreamingDataLoader` over `dataset` (from `chunks_dataset`: what goes wrong
-    reading it from an object store is one line, `reading`), resumable mid-epoch: Lightning puts its
+    reading it from an object store is one line, `reading`), resumable: Lightning puts its
     `state_dict()` (the epoch, the samples yielded) in every checkpoint and hands it back to
-    `load_state_dict` when a run resumes, and the loader then goes on with the samples of that
-    epoch it had not yielded. litdata starts a new epoch afresh only when the previous epoch's
+    `load_state_dict` when a run resumes in the middle of an epoch, and the loader then goes on with
+    the samples of that epoch it had not yielded, each process with its share; the random state
+    that augmentation and dropout draw from is the data module's to keep, and the loader puts it
+    back (`RandomStateAtResume`). litdata starts a new epoch afresh only when the previous epoch's
     iterator ran out, and Lightning stops reading an epoch at its known length without asking for
     the item after the last: so here every epoch but the one just resumed starts from its
-    beginning."""
+    beginning, and shuffles as litdata shuffles Lightning's `epoch()` (litdata counts from 1),
+    which a run resumed at an epoch's end, whose loader Lightning gives no state, needs."""
     from litdata import StreamingDataLoader
 
-    class Loader(StreamingDataLoader):
+    class Loader(RandomStateAtResume, StreamingDataLoader):
         resumed = False  # a state was loaded, and its epoch has not begun yet
 
         def load_state_dict(self, state: dict) -> None:
             super().load_state_dict(state)
-            self.resumed = self.restore
+            self.resumed = self.mid_epoch = self.restore
 
         def __iter__(self):
             self.restore, self.resumed = self.resumed, False
+            if not self.restore and epoch is not None:
+                self.current_epoch = max(self.current_epoch, epoch())  # litdata adds 1
             with reading(self.dataset.input_dir.url or ""):
                 yield from super().__iter__()
 
@@ -500,7 +506,8 @@ class StreamingImages(ImageDataModule):
         dataset = self.dataset(name, shuffle)
         drop_last = shuffle and self.manifest["images"][name] > self.batch_size
         collate = {"collate_fn": encoded_batch} if self.decode == "device" else {}
-        return resumable_loader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+        epoch = self.epoch if shuffle else None
+        return resumable_loader(dataset, epoch, batch_size=self.batch_size, num_workers=self.num_workers,
                                 drop_last=drop_last, **collate)  # fmt: skip
 
     def folder(self, name: str) -> str:
@@ -517,8 +524,12 @@ class StreamingImages(ImageDataModule):
     def setup(self, stage: str) -> None:
         pass  # the loaders stream; nothing to read first
 
+    def epoch(self) -> int:
+        """Lightning's current epoch (0 outside a trainer): what the training loader shuffles for."""
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
     def train_dataloader(self):
-        return self.loader("train", shuffle=True)
+        return self.resuming(self.loader("train", shuffle=True))
 
     def val_dataloader(self):
         return self.loader("val")
