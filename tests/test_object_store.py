@@ -249,6 +249,7 @@ class StopServer(L.Callback):
             os.kill(self.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # two runs stopped by a dead server: seconds each, out of the fast subset
 @pytest.mark.filterwarnings("ignore:An item was larger than the target chunk size")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_server_gone_mid_epoch_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(
