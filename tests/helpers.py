@@ -193,3 +193,16 @@ class UnsafePayload:
 
     def __reduce__(self):
         return (open, (str(self.marker), "w"))
+
+
+def noise_folders(root: Path) -> Path:
+    """`root/{train,val}/{ant,bee,cat}/NN.png`: 16 and 1 images a class of random pixels (16 px),
+    each distinct."""
+    noise = torch.Generator().manual_seed(0)
+    for split, count in (("train", 16), ("val", 1)):
+        for name in ("ant", "bee", "cat"):
+            (root / split / name).mkdir(parents=True)
+            for j in range(count):
+                pixels = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=noise).numpy()
+                Image.fromarray(pixels).save(root / split / name / f"{j:02d}.png")
+    return root

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, command_error
-from PIL import Image
+from helpers import ROOT, command_error, noise_folders
 from seen import digest
 
 from vit.commands.train import main
@@ -201,19 +200,6 @@ def test_resuming_where_a_node_cannot_read_the_checkpoint_stops_every_node(two_n
         assert not ok and re.search(said, log), log[-3000:]
     assert weights(node0 / "runs" / "cluster" / "version_0")["global_step"] == 8  # nothing trained
     assert list(node1.iterdir()) == []
-
-
-def noise_folders(root: Path) -> Path:
-    """`root/{train,val}/{ant,bee,cat}/NN.png`: 16 and 1 images a class of random pixels (16 px),
-    each distinct."""
-    noise = torch.Generator().manual_seed(0)
-    for split, count in (("train", 16), ("val", 1)):
-        for name in ("ant", "bee", "cat"):
-            (root / split / name).mkdir(parents=True)
-            for j in range(count):
-                pixels = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=noise).numpy()
-                Image.fromarray(pixels).save(root / split / name / f"{j:02d}.png")
-    return root
 
 
 def test_each_epoch_of_the_chunks_is_dealt_across_the_processes_of_all_nodes(tmp_path, monkeypatch):

@@ -9,7 +9,15 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import SeedEachProcess, command_error, fit, fit_in_two_processes, make_folders, tiny_args
+from helpers import (
+    SeedEachProcess,
+    command_error,
+    fit,
+    fit_in_two_processes,
+    make_folders,
+    noise_folders,
+    tiny_args,
+)
 from PIL import Image
 from seen import SeenImages, digest
 
@@ -390,14 +398,7 @@ def test_two_processes_see_disjoint_images_that_together_make_the_epoch(tmp_path
     processes: with one chunk, each would see the same half every epoch)."""
     from vit.datamodules import ImageFolders
 
-    root = tmp_path / "data"
-    noise = torch.Generator().manual_seed(0)
-    for split, count in (("train", 16), ("val", 1)):
-        for name in ("ant", "bee", "cat"):
-            (root / split / name).mkdir(parents=True)
-            for j in range(count):
-                pixels = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=noise).numpy()
-                Image.fromarray(pixels).save(root / split / name / f"{j:02d}.png")
+    root = noise_folders(tmp_path / "data")
     # 3 or 4 images a chunk (litdata counts an item's bytes otherwise where pyarrow is installed, as
     # the mlflow extra installs it): 12 to 16 chunks; litdata shuffles chunks, then images
     write_chunks(root, tmp_path / "chunks", chunk_bytes=4000)
