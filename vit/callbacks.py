@@ -31,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit import compat, storage
+from vit.datamodules import every_process
 from vit.errors import DataError
 
 
@@ -395,11 +396,7 @@ class SameCheckpoint(Callback):
     after restoring (strategies that restore later, FSDP and DeepSpeed, pass unchecked)."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        if trainer.world_size == 1 or not torch.distributed.is_initialized():
-            return
-        mine = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
-        read: list[str | None] = [None] * trainer.world_size
-        torch.distributed.all_gather_object(read, mine)
+        read = every_process(None if trainer.ckpt_path is None else str(trainer.ckpt_path))
         if len(set(read)) == 1:
             return
         ranks: dict[str | None, list[int]] = {}
