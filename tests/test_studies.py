@@ -253,3 +253,33 @@ def test_the_heads_study_writes_every_file_docs_heads_md_reads(tmp_path):
     assert models["demo"] == earlier and set(models["relpos"]) >= {"cpu", "test/acc"}
     assert json.loads((out / "relpos_heads_raw_logit.json").read_text())["attribute"] == "logit"
     assert "ratio of means" in (out / "relpos_patch_by_evidence.txt").read_text()
+
+
+def test_the_half_hour_table_gives_each_variants_seeds_and_the_figure_draws_them(tmp_path):
+    """Runs laid out as the study commits them: the table's min / median / max are those of the
+    seeds' test top-1, read from each run's sweep.json and the peer's JSON."""
+    from studies.cifar10_cpu.half_hour import figure
+
+    committed = ROOT / "studies/cifar10_cpu/half_hour/levers_seed0"
+    for seed, top1 in ((0, 0.85), (1, 0.87), (2, 0.80)):
+        run = tmp_path / f"levers_seed{seed}"
+        run.mkdir()
+        (run / "metrics.csv").write_text((committed / "metrics.csv").read_text())
+        sweep = json.loads((committed / "sweep.json").read_text())
+        sweep["variants"]["levers"]["test_top1"] = top1
+        (run / "sweep.json").write_text(json.dumps(sweep))
+    peer = json.loads((ROOT / "studies/cifar10_cpu/half_hour/cnn_peer_cpu_seed0.json").read_text())
+    (tmp_path / "cnn_peer_cpu_seed0.json").write_text(json.dumps(peer))
+    (tmp_path / "notes").mkdir()  # a folder that is no run is passed over
+
+    runs = figure.read_runs(tmp_path)
+    assert sorted(runs) == ["cnn_peer", "levers"] and sorted(runs["levers"]) == [0, 1, 2]
+    minutes, accuracy = runs["levers"][1]["curve"]
+    assert 29 < minutes[-1] < 31 and len(minutes) == len(accuracy) > 50  # an epoch's validation each
+    table = figure.table(runs)
+    assert "| `levers` | 3 | 0.8000 / 0.8500 / 0.8700 | 0: 0.8500, 1: 0.8700, 2: 0.8000 |" in table
+    assert f"| `cnn_peer` | 1 | {peer['runs'][0]['reports'][-1]['acc']:.4f} / " in table
+    assert table.index("cnn_peer") < table.index("levers")
+
+    figure.main(["--runs", str(tmp_path), "--out", str(tmp_path / "f.png")])
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,130 @@
+"""The half-hour study's table and figure, from the runs committed beside this file.
+
+Each ViT run is a folder `<variant>_seed<S>/` holding what `benchmarks/gpu_sweep.py` wrote for it
+(`sweep.json`, with its test top-1, and the run's `metrics.csv`); each CNN peer run is
+`cnn_peer_cpu_seed<S>.json` (`benchmarks/cnn_peer_cpu.py --json`). The table gives each variant's
+test top-1 at the end of its 30 minutes over the seeds measured (min / median / max); the figure
+draws accuracy against minutes of training: each ViT run's validation accuracy after each epoch,
+the CNN peer's test accuracy at the moments it reported, and every run's final test top-1.
+
+    python -m studies.cifar10_cpu.half_hour.figure   # writes accuracy_minutes.png, prints the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+from vit.curves import read_run
+
+HERE = Path(__file__).parent
+# the variants in the figure's order, with their labels
+LABELS = {
+    "cnn_peer": "CNN peer (airbench94's network and schedule)",
+    "levers": "ViT: Muon, whitened stem",
+    "levers_depth0": "the same without its blocks (depth 0)",
+    "levers_trivial": "ViT: Muon, whitened stem, TrivialAugment",
+    "recipe": "ViT: configs/cifar10_cpu.yaml",
+    "depth0": "configs/cifar10_cpu.yaml at depth 0",
+    "teacher": "ViT with its CNN teacher",
+}
+RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
+
+
+def read_runs(folder: Path) -> dict[str, dict[int, dict]]:
+    """{variant: {seed: {"top1", "tta", "curve": (minutes, accuracy), "curve_of"}}} of the runs in
+    `folder`. A ViT's curve is its validation accuracy after each epoch; the peer's its test top-1
+    at each report (of one 30-minute schedule, not of shorter schedules)."""
+    runs: dict[str, dict[int, dict]] = {}
+    for path in sorted(folder.glob("cnn_peer_cpu_seed*.json")):
+        for run in json.loads(path.read_text())["runs"]:
+            reports = run["reports"]
+            runs.setdefault("cnn_peer", {})[run["seed"]] = {
+                "top1": reports[-1]["acc"],
+                "tta": reports[-1]["acc_tta"],
+                "curve": ([r["minutes"] for r in reports], [r["acc"] for r in reports]),
+                "curve_of": "test",
+            }
+    for path in sorted(p for p in folder.iterdir() if p.is_dir() and (p / "sweep.json").is_file()):
+        match = RUN.fullmatch(path.name)
+        if match is None:
+            continue
+        sweep = json.loads((path / "sweep.json").read_text())
+        (variant,) = sweep["variants"].values()  # one variant a folder
+        run = read_run(path)
+        steps, acc = run.series("val/acc")
+        runs.setdefault(match["variant"], {})[int(match["seed"])] = {
+            "top1": variant["test_top1"],
+            "tta": None,
+            "curve": (list(run.minutes(steps)), list(acc)),
+            "curve_of": "validation",
+        }
+    return runs
+
+
+def ordered(runs: dict) -> list[str]:
+    """The variants of `runs` in LABELS' order, any others after them."""
+    return sorted(runs, key=lambda v: list(LABELS).index(v) if v in LABELS else len(LABELS))
+
+
+def table(runs: dict[str, dict[int, dict]]) -> str:
+    """A Markdown table: each variant's seeds and its test top-1 min / median / max."""
+    lines = [
+        "| run | seeds | test top-1 min / median / max | each seed |",
+        "|---|---|---|---|",
+    ]
+    for variant in ordered(runs):
+        by_seed = runs[variant]
+        top1 = [by_seed[s]["top1"] for s in sorted(by_seed)]
+        spread = f"{min(top1):.4f} / {statistics.median(top1):.4f} / {max(top1):.4f}"
+        each = ", ".join(f"{s}: {by_seed[s]['top1']:.4f}" for s in sorted(by_seed))
+        lines.append(f"| `{variant}` | {len(top1)} | {spread} | {each} |")
+    return "\n".join(lines)
+
+
+def figure(runs: dict[str, dict[int, dict]], title: str):
+    """Accuracy against minutes of training: a line per run, a dot at each run's final test top-1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, variant in enumerate(ordered(runs)):
+        colour = colours[i % len(colours)]
+        for j, seed in enumerate(sorted(runs[variant])):
+            run = runs[variant][seed]
+            seeds = len(runs[variant])
+            label = f"{LABELS.get(variant, variant)} ({run['curve_of']}; {seeds} seed{'s' * (seeds > 1)})"
+            marker = "." if run["curve_of"] == "test" else None  # the peer's few reports
+            style = dict(color=colour, linewidth=1.2, alpha=0.8, marker=marker)
+            ax.plot(*run["curve"], **style, label=None if j else label)
+            ax.plot([30], [run["top1"]], marker="o", color=colour, markersize=5)
+    ax.set_xlabel("minutes of training (validation included)")
+    ax.set_ylabel("top-1 accuracy")
+    ax.set_xlim(0, 31)
+    ax.set_ylim(0.5, 0.95)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right", title="dots at 30: test top-1 at the end", title_fontsize=8)
+    return fig
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=HERE, help="the folder of runs; default this one")
+    parser.add_argument("--out", type=Path, default=HERE / "accuracy_minutes.png", help="the figure")
+    parser.add_argument("--title", default="CIFAR-10 on a 2-core AMD EPYC (family 26, model 2), bf16")
+    args = parser.parse_args(argv)
+    runs = read_runs(args.runs)
+    print(table(runs))
+    figure(runs, args.title).savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
