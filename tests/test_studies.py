@@ -272,6 +272,7 @@ def test_the_half_hour_table_gives_each_variants_seeds_and_the_figure_draws_them
     (tmp_path / "cnn_peer_cpu_seed0.json").write_text(json.dumps(peer))
     (tmp_path / "notes").mkdir()  # folders that are no run, or no finished run, are passed over
     (tmp_path / "levers_seed9").mkdir()
+    (tmp_path / "notes" / "sweep.json").write_text((committed / "sweep.json").read_text())
 
     runs = figure.read_runs(tmp_path)
     assert sorted(runs) == ["cnn_peer", "levers"] and sorted(runs["levers"]) == [0, 1, 2]
