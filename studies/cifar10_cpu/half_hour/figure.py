@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from vit.curves import read_run
+from vit.plot import save_figure
 
 HERE = Path(__file__).parent
 # the variants in the figure's order, with their labels
@@ -29,13 +30,12 @@ LABELS = {
     "levers_trivial": "ViT: Muon, whitened stem, TrivialAugment",
     "recipe": "ViT: configs/cifar10_cpu.yaml",
     "depth0": "configs/cifar10_cpu.yaml at depth 0",
-    "teacher": "ViT with its CNN teacher",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
 
 def read_runs(folder: Path) -> dict[str, dict[int, dict]]:
-    """{variant: {seed: {"top1", "tta", "curve": (minutes, accuracy), "curve_of"}}} of the runs in
+    """{variant: {seed: {"top1", "curve": (minutes, accuracy), "curve_of"}}} of the runs in
     `folder`. A ViT's curve is its validation accuracy after each epoch; the peer's its test top-1
     at each report (of one 30-minute schedule, not of shorter schedules)."""
     runs: dict[str, dict[int, dict]] = {}
@@ -44,7 +44,6 @@ def read_runs(folder: Path) -> dict[str, dict[int, dict]]:
             reports = run["reports"]
             runs.setdefault("cnn_peer", {})[run["seed"]] = {
                 "top1": reports[-1]["acc"],
-                "tta": reports[-1]["acc_tta"],
                 "curve": ([r["minutes"] for r in reports], [r["acc"] for r in reports]),
                 "curve_of": "test",
             }
@@ -58,7 +57,6 @@ def read_runs(folder: Path) -> dict[str, dict[int, dict]]:
         steps, acc = run.series("val/acc")
         runs.setdefault(match["variant"], {})[int(match["seed"])] = {
             "top1": variant["test_top1"],
-            "tta": None,
             "curve": (list(run.minutes(steps)), list(acc)),
             "curve_of": "validation",
         }
@@ -88,21 +86,20 @@ def table(runs: dict[str, dict[int, dict]]) -> str:
 def figure(runs: dict[str, dict[int, dict]], title: str):
     """Accuracy against minutes of training: a line per run, a dot at each run's final test top-1."""
     import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    palette = matplotlib.colormaps["tab10"].colors
     for i, variant in enumerate(ordered(runs)):
-        colour = colours[i % len(colours)]
-        for j, seed in enumerate(sorted(runs[variant])):
-            run = runs[variant][seed]
-            seeds = len(runs[variant])
-            label = f"{LABELS.get(variant, variant)} ({run['curve_of']}; {seeds} seed{'s' * (seeds > 1)})"
-            marker = "." if run["curve_of"] == "test" else None  # the peer's few reports
-            style = dict(color=colour, linewidth=1.2, alpha=0.8, marker=marker)
-            ax.plot(*run["curve"], **style, label=None if j else label)
+        colour, by_seed = palette[i % len(palette)], runs[variant]
+        curve_of = next(iter(by_seed.values()))["curve_of"]
+        label = f"{LABELS.get(variant, variant)} ({curve_of}; {len(by_seed)} seed{'s' * (len(by_seed) > 1)})"
+        marker = "." if curve_of == "test" else None  # the peer's few reports
+        for seed in sorted(by_seed):
+            run = by_seed[seed]
+            ax.plot(*run["curve"], color=colour, linewidth=1.2, alpha=0.8, marker=marker, label=label)
+            label = None  # one legend entry a variant
             ax.plot([30], [run["top1"]], marker="o", color=colour, markersize=5)
     ax.set_xlabel("minutes of training (validation included)")
     ax.set_ylabel("top-1 accuracy")
@@ -122,7 +119,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     runs = read_runs(args.runs)
     print(table(runs))
-    figure(runs, args.title).savefig(args.out, dpi=120)
+    save_figure(figure(runs, args.title), args.out, dpi=120)
     print(f"wrote {args.out}")
 
 
