@@ -4,16 +4,16 @@
     python benchmarks/gpu_sweep.py --smoke --out runs/gpu_sweep   # any CPU, under a minute: toy sizes
     python benchmarks/gpu_sweep.py --proxy --data ../shared/data/cifar10-jpeg --parallel 1 --out runs/proxy
 
-`--variants` (default benchmarks/gpu_sweep.yaml) maps a name to `vit-train fit` overrides. Each
-variant trains `--config` (configs/cifar10_gpu.yaml) for `--epochs` epochs with no time budget, so
-that its schedule spans the epochs, eagerly (not compiled), validating after each epoch; then
-vit-eval measures its last checkpoint on the test split. `--parallel` variants run at once, each
-its own process on the same GPU (so their speeds share it); the rest queue. At `--deadline`
-seconds from the start, running variants are stopped (SIGTERM, then SIGKILL after 10 s) and
-reported with what their metrics.csv holds so far; those not started are listed as such. Writes
-`sweep.md` (one row a variant, then val/acc by epoch) and `sweep.json` (everything, with the
-commands and the machine) into `--out`, also on Ctrl-C; each variant's output goes to
-`--out/logs/<variant>.log`.
+`--variants` (default benchmarks/gpu_sweep.yaml) maps a name to `vit-train fit` overrides; `--only`
+runs some of them (a study keeps all its variants in one file). Each variant trains `--config`
+(configs/cifar10_gpu.yaml) for `--epochs` epochs with no time budget, so that its schedule spans
+the epochs, eagerly (not compiled), validating after each epoch; then vit-eval measures its last
+checkpoint on the test split. `--parallel` variants run at once, each its own process on the same
+GPU (so their speeds share it); the rest queue. At `--deadline` seconds from the start, running
+variants are stopped (SIGTERM, then SIGKILL after 10 s) and reported with what their metrics.csv
+holds so far; those not started are listed as such. Writes `sweep.md` (one row a variant, then
+val/acc by epoch) and `sweep.json` (everything, with the commands and the machine) into `--out`,
+also on Ctrl-C; each variant's output goes to `--out/logs/<variant>.log`.
 
 `--proxy` ranks the variants on a CPU before a GPU call spends minutes on them: the recipe's
 network at a quarter of its width (`PROXY`), on a fifth of each epoch's batches, 5 epochs by
@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     add = parser.add_argument
     # fmt: off
     add("--variants", metavar="FILE", help="YAML: name -> vit-train fit overrides; default gpu_sweep.yaml")
+    add("--only", nargs="+", metavar="NAME", help="run these of its variants, in this order; default all")
     add("--config", default="configs/cifar10_gpu.yaml", help="the recipe to vary; default %(default)s")
     add("--data", metavar="PATH", help="CIFAR-10: image folders, or a pack (lab/cifar10_pack.py)")
     add("--out", metavar="DIR", default="runs/gpu_sweep", help="runs, logs, tables; default %(default)s")
@@ -237,7 +238,13 @@ def main(argv: list[str] | None = None) -> dict:
     # fmt: on
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    variants = read_variants(Path(args.variants or Path(__file__).with_suffix(".yaml")))
+    path = Path(args.variants or Path(__file__).with_suffix(".yaml"))
+    variants = read_variants(path)
+    if args.only:
+        if missing := [name for name in args.only if name not in variants]:
+            have = ", ".join(variants)
+            raise SystemExit(f"error: --only {' '.join(missing)}: not in {path} (it has {have})")
+        variants = {name: variants[name] for name in dict.fromkeys(args.only)}
     if args.parallel < 1:
         raise SystemExit(f"error: --parallel {args.parallel} must be at least 1")
     out = Path(args.out).resolve()

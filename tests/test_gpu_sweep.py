@@ -123,3 +123,17 @@ def test_minutes_give_each_variant_a_time_budget_instead_of_epochs(tmp_path):
 def test_the_proxy_shrinks_the_network_and_each_epoch():
     assert gpu_sweep.PROXY[gpu_sweep.PROXY.index("--model.vit.dim") + 1] == "96"
     assert gpu_sweep.PROXY[gpu_sweep.PROXY.index("--trainer.limit_train_batches") + 1] == "0.2"
+
+
+def test_only_runs_the_named_variants_in_its_order_and_a_name_not_in_the_file_is_one_line(tmp_path):
+    """`--only`: a study keeps every variant in one file and runs some; a deadline of 0 s starts
+    none, so the report lists what was picked without training."""
+    path = tmp_path / "v.yaml"
+    path.write_text(TWO + 'depth0: ["--model.vit.depth", "0"]\n')
+    argv = ["--smoke", "--variants", str(path), "--deadline", "0", "--out", str(tmp_path / "out")]
+    report = gpu_sweep.main([*argv, "--only", "depth0", "recipe"])
+    assert list(report["variants"]) == ["depth0", "recipe"]
+    assert all(r["status"] == "not started" for r in report["variants"].values())
+    with pytest.raises(SystemExit, match=re.escape("--only wide: not in ")) as error:
+        gpu_sweep.main([*argv, "--only", "recipe", "wide"])
+    assert str(error.value).endswith("(it has recipe, no_policy, depth0)") and "\n" not in str(error.value)
