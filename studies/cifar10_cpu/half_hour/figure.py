@@ -28,6 +28,9 @@ LABELS = {
     "levers": "ViT: Muon, whitened stem",
     "levers_depth0": "the same without its blocks (depth 0)",
     "levers_trivial": "ViT: Muon, whitened stem, TrivialAugment",
+    "levers_teacher": "ViT: Muon, whitened stem, CNN teacher (its 11 minutes first)",
+    "wide_stem": "ViT: Muon, whitened stem of 64-256 channels",
+    "wide_stem_depth0": "the wide stem without the blocks",
     "recipe": "ViT: configs/cifar10_cpu.yaml",
     "depth0": "configs/cifar10_cpu.yaml at depth 0",
 }
