@@ -3,6 +3,7 @@ data) and reports what it says. The real runs, and what they showed, are in each
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -285,3 +286,71 @@ def test_the_half_hour_table_gives_each_variants_seeds_and_the_figure_draws_them
 
     figure.main(["--runs", str(tmp_path), "--out", str(tmp_path / "f.png")])
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_half_hour_runs_table_reads_train_acc_at_the_last_full_epoch_not_the_budgets_stub():
+    """train/acc is logged once an epoch; a run's last epoch is cut by its budget after a few
+    steps, so the table gives the epoch before it. levers_seed1 logged 0.9647 at the end of its
+    last full epoch (351 steps) and 0.9655 after the 89 steps of the stub after it."""
+    from studies.cifar10_cpu.half_hour import figure
+
+    assert figure.last_full_epoch([350, 701, 1052, 1060], [0.1, 0.2, 0.3, 0.4]) == 0.3
+    assert figure.last_full_epoch([350, 701, 1052], [0.1, 0.2, 0.3]) == 0.3
+    assert figure.last_full_epoch([], []) is None
+    runs = figure.read_runs(ROOT / "studies/cifar10_cpu/half_hour")
+    levers = runs["levers"][1]
+    assert round(levers["train_acc"], 4) == 0.9647 and levers["epochs"] == 58
+    rows = figure.runs_table(runs)
+    assert "| `levers` | 1 | 58 | 1,430 | 0.965 | 0.8560 | 0.8539 |" in rows
+    assert "| `cnn_peer` | 1 | 19.01 | 529 |  |  | 0.8990 |" in rows
+    assert figure.title_of(runs) == "CIFAR-10 in 30 minutes on AMD EPYC, family 26, model 2"
+
+
+def sweep_out(tmp_path: Path, names: tuple[str, ...] = ("levers", "levers_depth0")) -> Path:
+    """A folder as `gpu_sweep.py --out` leaves it, made of the committed seed-1 runs of `names`,
+    and a variant that failed."""
+    out = tmp_path / "out"
+    study = ROOT / "studies/cifar10_cpu/half_hour"
+    sweep = json.loads((study / "levers_seed1/sweep.json").read_text())
+    for name in names:
+        kept = study / f"{name}_seed1"
+        sweep["variants"].update(json.loads((kept / "sweep.json").read_text())["variants"])
+        for source, target in (("metrics.json", f"eval/{name}"), ("metrics.csv", f"runs/{name}/version_0")):
+            (out / target).mkdir(parents=True)
+            shutil.copyfile(kept / source, out / target / source)
+    sweep["variants"]["broken"] = {"status": "failed", "why": "made up"}
+    (out / "sweep.json").write_text(json.dumps(sweep))
+    (out / "sweep.md").write_text("the sweep's table\n")
+    return out
+
+
+def test_keep_lays_each_finished_run_of_a_sweep_out_as_the_study_reads_it(tmp_path, capsys):
+    from studies.cifar10_cpu.half_hour import figure, keep
+
+    out, into = sweep_out(tmp_path), tmp_path / "study"
+    assert keep.keep(out, into) == [into / "levers_seed1", into / "levers_depth0_seed1"]
+    assert "broken: not kept (failed)" in capsys.readouterr().out
+    study = ROOT / "studies/cifar10_cpu/half_hour"
+    for name in ("levers", "levers_depth0"):
+        folder = into / f"{name}_seed1"
+        files = sorted(p.name for p in folder.iterdir())
+        assert files == ["metrics.csv", "metrics.json", "sweep.json", "sweep.md"]
+        assert (folder / "metrics.csv").read_bytes() == (study / f"{name}_seed1/metrics.csv").read_bytes()
+        assert list(json.loads((folder / "sweep.json").read_text())["variants"]) == [name]
+    runs = figure.read_runs(into)
+    assert runs["levers_depth0"][1]["top1"] == figure.read_runs(study)["levers_depth0"][1]["top1"]
+
+    with pytest.raises(SystemExit, match="levers_seed1 exists already"):
+        keep.keep(out, into)
+
+
+def test_keep_writes_nothing_when_a_runs_file_is_missing(tmp_path):
+    from studies.cifar10_cpu.half_hour import keep
+
+    out, into = sweep_out(tmp_path), tmp_path / "study"
+    (out / "eval/levers_depth0/metrics.json").unlink()  # the second run's: the first is not kept either
+    with pytest.raises(SystemExit, match=r"levers_depth0/metrics.json is missing"):
+        keep.main([str(out), "--into", str(into)])
+    assert not into.exists()
+    with pytest.raises(SystemExit, match="holds no sweep.json"):
+        keep.main([str(tmp_path), "--into", str(into)])
