@@ -75,6 +75,22 @@ SMOKE_SPEEDRUN = [
     "--model.vit.conv_stem", "[8, 16, 32]", "--model.compile", "false",
     "--data.init_args.batch_size", "16", "--data.init_args.val_size", "16",
 ]  # fmt: skip
+
+
+def smoke_for(config: str | Path) -> list[str]:
+    """SMOKE_SPEEDRUN's toy sizes for the config file `config`: where it has a convolutional stem,
+    as many convolutions as it has (of 8 to 32 channels), so that its own `conv_stem_strides` and
+    patch size still fit. A config that is no file, or has no stem, gets SMOKE_SPEEDRUN's 3."""
+    import yaml
+
+    path, smoke = Path(config), list(SMOKE_SPEEDRUN)
+    model = (yaml.safe_load(path.read_text()) or {}).get("model") if path.is_file() else None
+    stem = ((model or {}).get("vit") or {}).get("conv_stem")
+    if stem:
+        smoke[smoke.index("--model.vit.conv_stem") + 1] = str([min(8 * 2**i, 32) for i in range(len(stem))])
+    return smoke
+
+
 # benchmarks/throughput.py's runs: the GPU recipe's transformer against its peers; the recipe's
 # network itself (ours with its stem, not a peer) eager, compiled as the speedrun compiles it, and
 # compiled with CUDA graphs; ViT-S/16 at 224

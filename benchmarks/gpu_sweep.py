@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
 
-from benchmarks.gpu_check import SMOKE_SPEEDRUN, batch_size, command_env, environment, prepare_data, python  # noqa: E402
+from benchmarks.gpu_check import batch_size, command_env, environment, prepare_data, python, smoke_for  # noqa: E402
 
 # the CPU proxy: the recipe's network at a quarter of its width and half its depth, batch 128, a
 # fifth of each epoch's batches (9,000 images), validated on all 5,000
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
         limit = ["--trainer.max_epochs", "-1", "--trainer.max_time", budget]
     base = ["--config", config, *limit, "--model.compile", "false", *EVERY_EPOCH,
             "--data.init_args.root", str(data), "--data.init_args.download", "false",
-            "--seed_everything", str(args.seed), *(SMOKE_SPEEDRUN if args.smoke else []),
+            "--seed_everything", str(args.seed), *(smoke_for(config) if args.smoke else []),
             *(PROXY if args.proxy else [])]  # fmt: skip
     command = " ".join(["python benchmarks/gpu_sweep.py", *(argv if argv is not None else sys.argv[1:])])
     report = dict(command=command, config=args.config, epochs=epochs, minutes=args.minutes, seed=args.seed,

@@ -137,3 +137,26 @@ def test_only_runs_the_named_variants_in_its_order_and_a_name_not_in_the_file_is
     with pytest.raises(SystemExit, match=re.escape("--only wide: not in ")) as error:
         gpu_sweep.main([*argv, "--only", "recipe", "wide"])
     assert str(error.value).endswith("(it has recipe, no_policy, depth0)") and "\n" not in str(error.value)
+
+
+def test_the_smoke_keeps_a_configs_number_of_stem_convolutions_so_its_strides_still_fit():
+    """configs/cifar10_cpu.yaml's stem has 5 convolutions and 5 strides: the smoke's 3-convolution
+    toy stem left those strides without convolutions, and every variant failed to build."""
+    import yaml
+
+    from benchmarks.gpu_check import SMOKE_SPEEDRUN, smoke_for
+    from vit.config import ViTConfig
+    from vit.errors import UsageError
+
+    def stem(smoke: list[str]) -> list[int]:
+        return yaml.safe_load(smoke[smoke.index("--model.vit.conv_stem") + 1])
+
+    config = yaml.safe_load(open("configs/cifar10_cpu.yaml"))["model"]["vit"]
+    toy = dict(dim=32, depth=1, heads=2)
+    with pytest.raises(UsageError, match="one stride per conv_stem entry"):
+        ViTConfig(**{**config, **toy, "conv_stem": stem(SMOKE_SPEEDRUN)}).resolve()
+    smoke = smoke_for("configs/cifar10_cpu.yaml")
+    assert stem(smoke) == [8, 16, 32, 32, 32] and len(smoke) == len(SMOKE_SPEEDRUN)
+    ViTConfig(**{**config, **toy, "conv_stem": stem(smoke)}).resolve()  # builds
+    assert smoke_for("configs/cifar10_gpu.yaml") == SMOKE_SPEEDRUN  # 3 convolutions already
+    assert smoke_for("configs/two_circles.yaml") == smoke_for("no/such/config.yaml") == SMOKE_SPEEDRUN
