@@ -22,7 +22,8 @@ tested without and with airbench's test-time augmentation (level 2: flips and on
 translations, `vit.metrics.predict_probabilities(tta="flip-translate")`), with the clock stopped.
 The figures at 5 minutes are those of the 30-minute schedule's network 5 minutes in (its learning
 rate still high), not those of a 5-minute schedule. A moment at or after the schedule's end is
-the network trained to the end. Each seed is one run; the JSON holds every report, and the table
+the network trained to the end. Each seed is one run; each report is a line on stderr as it is
+made (a progress bar beside them on a terminal), the JSON holds every report, and the table
 printed at the end each seed's top-1 and its min, median and max over the seeds.
 
     python benchmarks/cnn_peer_cpu.py --data ../shared/data/cifar10-jpeg --minutes 30 \
@@ -168,12 +169,11 @@ def train_seed(
         }
         epochs = seen / len(train)
         reports.append(dict(at_minutes=at / 60, minutes=seconds / 60, steps=step, epochs=epochs, **accuracy))
-        if progress:
-            tqdm.write(
-                f"{where} ({step} steps, {epochs:.2f} epochs): top-1 {accuracy['acc']:.4f}, "
-                f"with TTA {accuracy['acc_tta']:.4f}",
-                file=sys.stderr,
-            )
+        tqdm.write(  # a line at each moment, also where no bar is drawn (a log, not a terminal)
+            f"{where} ({step} steps, {epochs:.2f} epochs): top-1 {accuracy['acc']:.4f}, "
+            f"with TTA {accuracy['acc_tta']:.4f}",
+            file=sys.stderr,
+        )
         paused += time.perf_counter() - began
 
     training_ended = False

@@ -4,6 +4,7 @@ evaluations off it, a report for each moment and seed, and one-line errors."""
 
 import importlib.util
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -240,7 +241,15 @@ def test_cpu_peer_smoke_reports_every_moment_of_every_seed(tmp_path, capsys):
         for key in ("acc", "acc_tta"):
             values = [run["reports"][i][key] for run in result["runs"]]
             assert row[key] == dict(min=min(values), median=sum(values) / 2, max=max(values))
-    table = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr()
+    table = printed.out.splitlines()
+    # a line at each moment on stderr, though no bar is drawn there (not a terminal under pytest)
+    moments = [
+        line
+        for line in printed.err.splitlines()
+        if re.match(r"seed [01] at .* top-1 0\.\d{4}, with TTA", line)
+    ]
+    assert len(moments) == 2 * len(smoke["report_at"])
     rows = [line for line in table if line.startswith("| 0.0")]
     assert len(rows) == 3 and table[4].startswith("| minutes | seed 0 | seed 1 | min | median | max |")
     first = result["runs"][0]["reports"][0]
