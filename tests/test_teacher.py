@@ -193,11 +193,13 @@ class Clock(L.Callback):
             self.first_step = next(c for c in trainer.callbacks if isinstance(c, Timer)).time_elapsed()
 
 
-def test_an_airbench_teacher_trains_on_the_training_clock(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("bar", [False, True])
+def test_an_airbench_teacher_trains_on_the_training_clock(tmp_path, monkeypatch, capsys, bar):
     """`teacher: airbench` on a fake CIFAR-10 (one epoch of 40 images, MixUp on): trained when
     training starts, on the batches the ViT sees (the data module's augmentation, once per batch),
     its seconds on the clock of --trainer.max_time before the ViT's first step, its validation
-    accuracy logged; then the ViT trains with it."""
+    accuracy logged; then the ViT trains with it. Its steps have a progress bar where the trainer
+    has one."""
     augmented = []
     augment = CIFAR10.augment
     monkeypatch.setattr(CIFAR10, "augment", lambda self, *batch: augmented.append(1) or augment(self, *batch))
@@ -207,11 +209,13 @@ def test_an_airbench_teacher_trains_on_the_training_clock(tmp_path, monkeypatch,
     clock = Clock()
     trainer = L.Trainer(
         accelerator="cpu", max_epochs=1, max_time={"minutes": 10}, logger=CSVLogger(tmp_path, name="run"),
-        callbacks=[clock], enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
+        callbacks=[clock], enable_checkpointing=False, enable_progress_bar=bar, num_sanity_val_steps=0,
         enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(student, data)
-    assert "teacher: airbench trained for 1 epochs" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "teacher: airbench trained for 1 epochs" in printed.out
+    assert ("teacher: airbench, 1 epochs: 100%" in printed.err) == bar  # 5 of 5 steps
     rows = metrics(tmp_path / "run" / "version_0")
     [seconds] = [float(r["time/teacher_seconds"]) for r in rows if r.get("time/teacher_seconds")]
     [accuracy] = [float(r["teacher/acc"]) for r in rows if r.get("teacher/acc")]

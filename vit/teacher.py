@@ -20,6 +20,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from vit.cnn import AirbenchCNN
 from vit.errors import UsageError
@@ -152,11 +153,17 @@ def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epoch
     network.whiten(next(batches(0))[0])
     training = AirbenchTraining(network, datamodule.batch_size, trainer.precision_plugin.forward_context)
     steps, step = max(epochs * len(loader), 1), 0
+    bar = tqdm(  # before the ViT's bar starts: minutes of training otherwise silent
+        total=steps, desc=f"teacher: airbench, {epochs} epochs", unit="step", leave=False,
+        disable=trainer.progress_bar_callback is None or not trainer.is_global_zero,
+    )  # fmt: skip
     for epoch in range(epochs):
         training.start_epoch(epoch)
         for images, labels in batches(epoch):
             training.step(images, labels, step / steps)
             step += 1
+            bar.update()
+    bar.close()
     network.eval()
     correct, count = torch.zeros((), device=device), 0
     with torch.inference_mode(), trainer.precision_plugin.forward_context():
