@@ -47,7 +47,8 @@ def last_full_epoch(steps, values) -> float | None:
     if len(steps) == 0:
         return None
     spans = [int(steps[0]) + 1] + [int(b - a) for a, b in zip(steps[:-1], steps[1:], strict=True)]
-    full = [i for i, span in enumerate(spans) if span == max(spans)]
+    longest = max(spans)
+    full = [i for i, span in enumerate(spans) if span == longest]
     return float(values[full[-1]])
 
 
