@@ -1,5 +1,6 @@
 """Muon on a ViT's block matrices beside AdamW (vit/optim.py, `Classifier(optimizer="muon")`):
-which parameters each takes, what a step does, the schedule of both, and resuming both."""
+which parameters each takes, what a step does, the schedule of both, and resuming both. SGD with
+Nesterov momentum (`optimizer="sgd"`): its steps against the update written out."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
+from vit.classifier import sgd
 from vit.errors import UsageError
 from vit.optim import Combined
 
@@ -29,11 +31,13 @@ class LearningRates(Callback):
         self.factors.append([group["lr"] / group["initial_lr"] for group in groups])
 
 
-def fit(root, max_steps: int, ckpt_path=None, callbacks=()) -> tuple[ViTClassifier, L.Trainer]:
-    """A micro ViT (conv stem, patch norm) trained with Muon on two circles: 4 steps an epoch."""
+def fit(root, max_steps: int, ckpt_path=None, callbacks=(), **options) -> tuple[ViTClassifier, L.Trainer]:
+    """A micro ViT (conv stem, patch norm) trained with Muon (or `options`) on two circles: 4 steps
+    an epoch."""
     L.seed_everything(0, verbose=False)
     data = TwoCircles(num_train=64, num_val=16, num_test=16, batch_size=16)
-    model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=VIT, optimizer="muon", lr=3e-3)
+    options = {"optimizer": "muon", "lr": 3e-3, **options}
+    model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=VIT, **options)
     trainer = L.Trainer(
         accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, callbacks=list(callbacks), default_root_dir=root,
@@ -168,5 +172,53 @@ def test_muon_is_refused_where_it_has_no_blocks_or_with_layer_decay():
         CNNClassifier(optimizer="muon")
     with pytest.raises(UsageError, match="layer_decay goes with optimizer=adamw"):
         ViTClassifier(optimizer="muon", layer_decay=0.7)
-    with pytest.raises(UsageError, match="optimizer='sgd' must be"):
-        ViTClassifier(optimizer="sgd")
+    with pytest.raises(UsageError, match="optimizer='lion' must be 'adamw', 'muon' or 'sgd'"):
+        ViTClassifier(optimizer="lion")
+
+
+def test_sgd_steps_with_nesterov_momentum_and_l2_on_the_weight_matrices_alone():
+    """Two steps of `sgd` on a micro ViT against SGD written out: g' = g + wd * p where the
+    parameter decays, b = m * b + g' (b = g' at first), p -= lr * (g' + m * b). Biases, norms,
+    positions and the class token do not decay; the stem's, embedding's, blocks' and head's
+    matrices do."""
+    torch.manual_seed(0)
+    model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=VIT).model
+    lr, wd, m = 0.05, 0.1, 0.85
+    optimizer = sgd(model, lr, wd, m)
+    decayed = {
+        name for name, p in model.named_parameters()
+        for group in optimizer.param_groups if group["weight_decay"] for q in group["params"] if p is q
+    }  # fmt: skip
+    assert {"stem.0.weight", "patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "head.weight"} <= decayed
+    assert not decayed & {"cls_token", "pos_embed", "head.bias", "norm.weight", "blocks.0.norm1.weight"}
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    buffers: dict[str, torch.Tensor] = {}
+    for step in range(2):
+        x, y = torch.randn(8, 1, 32, 32), torch.randint(4, (8,))
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        for name, p in model.named_parameters():
+            g = p.grad + (wd * params[name] if name in decayed else 0)
+            buffers[name] = g if step == 0 else m * buffers[name] + g
+            params[name] = params[name] - lr * (g + m * buffers[name])
+        optimizer.step()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.detach(), params[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_classifier_with_optimizer_sgd_trains_with_it_on_the_schedule(tmp_path):
+    rates = LearningRates()
+    model, trainer = fit(tmp_path, max_steps=6, callbacks=[rates], optimizer="sgd", lr=0.1, momentum=0.85)
+    optimizer = trainer.optimizers[0]
+    assert type(optimizer) is torch.optim.SGD
+    settings = {(g["momentum"], g["nesterov"], g["initial_lr"]) for g in optimizer.param_groups}
+    assert settings == {(0.85, True, 0.1)}
+    factors = [step[0] for step in rates.factors]
+    assert len(factors) == 6 and factors[0] < factors[1] > factors[-1]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    assert len(params) == len(list(model.parameters()))
+    assert all(optimizer.state[p]["momentum_buffer"] is not None for p in params)
+    with pytest.raises(UsageError, match="momentum=1.0 must lie in"):
+        ViTClassifier(optimizer="sgd", momentum=1.0)
+    with pytest.raises(UsageError, match="capture_step goes with optimizer=adamw or muon"):
+        ViTClassifier(optimizer="sgd", compile=True, capture_step=True)

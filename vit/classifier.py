@@ -29,23 +29,21 @@ from vit.step import CapturedStep
 from vit.teacher import Teacher, load_teacher, train_airbench
 
 
-def adamw(
+def decay_groups(
     model: nn.Module,
     lr: float,
     weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.999),
     layer_decay: float | None = None,
     tensor_lr: bool = False,
     exclude: Collection[str] = (),
-) -> torch.optim.AdamW:
-    """AdamW without decay on biases, norms and the parameters in `model.no_weight_decay()`,
-    fused on a GPU and multi-tensor (foreach) elsewhere, for the parameters not named in
-    `exclude` (another optimizer's).
-    With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of depth D + 2
-    learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest (BEiT's
-    layer-wise decay, for fine-tuning). With `tensor_lr`, each group's learning rate is a tensor on
-    the parameters' device, which the scheduler fills in place (what a compiled step reads without
-    recompiling) and the step count too (`capturable`)."""
+) -> list[dict]:
+    """The parameter groups of `model` for AdamW or SGD: no weight decay on biases, norms and the
+    parameters in `model.no_weight_decay()`, none of the parameters named in `exclude` (another
+    optimizer's). With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of
+    depth D + 2 learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest
+    (BEiT's layer-wise decay, for fine-tuning). With `tensor_lr`, each group's learning rate is a
+    tensor on the parameters' device, which the scheduler fills in place (what a compiled step
+    reads without recompiling)."""
     skip = getattr(model, "no_weight_decay", set)()
     top = len(model.blocks) + 1 if layer_decay is not None else 0
     groups: dict[tuple[int, bool], list] = {}
@@ -59,25 +57,54 @@ def adamw(
         groups.setdefault((depth, decays), []).append(p)
     scale = (lambda depth: layer_decay ** (top - depth)) if layer_decay is not None else (lambda depth: 1.0)
     order = sorted(groups, key=lambda key: (key[0], not key[1]))  # by depth, decayed first
+    device = next(model.parameters()).device
+    rate = (lambda value: torch.tensor(value, device=device)) if tensor_lr else (lambda value: value)
+    return [
+        {
+            "params": groups[key],
+            "weight_decay": weight_decay if key[1] else 0.0,
+            "lr": rate(lr * scale(key[0])),
+        }
+        for key in order
+    ]
+
+
+def adamw(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    layer_decay: float | None = None,
+    tensor_lr: bool = False,
+    exclude: Collection[str] = (),
+) -> torch.optim.AdamW:
+    """AdamW over `decay_groups`, fused on a GPU and multi-tensor (foreach) elsewhere; with
+    `tensor_lr` its step count is a tensor too (`capturable`)."""
     # one fused kernel for all parameters on a GPU; elsewhere one multi-tensor op at a time
     # (torch's default on a CPU loops over the parameters in Python)
     device = next(model.parameters()).device
     on_gpu = device.type == "cuda"
-    rate = (lambda value: torch.tensor(value, device=device)) if tensor_lr else (lambda value: value)
     return torch.optim.AdamW(
-        [
-            {
-                "params": groups[key],
-                "weight_decay": weight_decay if key[1] else 0.0,
-                "lr": rate(lr * scale(key[0])),
-            }
-            for key in order
-        ],
-        lr=rate(lr),
+        decay_groups(model, lr, weight_decay, layer_decay, tensor_lr, exclude),
+        lr=torch.tensor(lr, device=device) if tensor_lr else lr,
         betas=betas,
         fused=(on_gpu and not tensor_lr) or None,
         foreach=None if on_gpu else not tensor_lr,
         capturable=tensor_lr and on_gpu,
+    )
+
+
+def sgd(model: nn.Module, lr: float, weight_decay: float, momentum: float) -> torch.optim.SGD:
+    """SGD with Nesterov momentum over `decay_groups` (airbench's optimizer; a ViT whose patches
+    come from a conv stem trains with it too, Xiao et al. 2021). Its weight decay is SGD's own: L2,
+    added to the gradient before the momentum."""
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    return torch.optim.SGD(
+        decay_groups(model, lr, weight_decay),
+        lr=lr,
+        momentum=momentum,
+        nesterov=True,
+        foreach=None if on_gpu else True,  # torch's default on a CPU loops over the parameters
     )
 
 
@@ -201,7 +228,8 @@ def compile_now(classifier: Classifier) -> None:
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings (with `optimizer: muon`, Muon on
-    a ViT's block matrices beside it: `vit.optim`), linear warm-up then a cosine
+    a ViT's block matrices beside it: `vit.optim`; with `optimizer: sgd`, SGD with Nesterov
+    momentum in its place), linear warm-up then a cosine
     (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
     whichever ends first. `compile: true` (or a mode) trains through `torch.compile`, compiled before the
     training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
@@ -224,10 +252,12 @@ class Classifier(L.LightningModule):
         # the whole training step (augmentation, forward, backward, optimizer, EMA) as one graph,
         # compiled in `compile`'s mode: no kernel launched from Python (vit.step)
         capture_step: bool = False,
-        # muon: Muon on the weight matrices of a ViT's blocks, AdamW on the rest (`vit.optim`)
-        optimizer: Literal["adamw", "muon"] = "adamw",
+        # muon: Muon on the weight matrices of a ViT's blocks, AdamW on the rest (`vit.optim`);
+        # sgd: SGD with Nesterov momentum (`momentum`) at lr, weight decay as L2
+        optimizer: Literal["adamw", "muon", "sgd"] = "adamw",
         muon_lr: float = 0.02,  # Muon's peak lr (Keller Jordan's default), scheduled as lr is
         muon_momentum: float = 0.95,  # Nesterov momentum of the updates Muon orthogonalises
+        momentum: float = 0.9,  # optimizer=sgd's Nesterov momentum (airbench's: 0.85)
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -238,13 +268,17 @@ class Classifier(L.LightningModule):
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
         require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
-        require(optimizer in ("adamw", "muon"), f"optimizer={optimizer!r} must be 'adamw' or 'muon'")
+        require(
+            optimizer in ("adamw", "muon", "sgd"), f"optimizer={optimizer!r} must be 'adamw', 'muon' or 'sgd'"
+        )
         require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
         require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
+        require(0 <= momentum < 1, f"momentum={momentum} must lie in [0, 1)")
+        require(not capture_step or optimizer != "sgd", "capture_step goes with optimizer=adamw or muon")
         require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
         # features of recent torch releases (this project is tested with 2.14)
         require(
-            optimizer == "adamw" or hasattr(torch.optim, "Muon"),
+            optimizer != "muon" or hasattr(torch.optim, "Muon"),
             "optimizer=muon needs torch.optim.Muon (torch >= 2.9)",
         )
         require(
@@ -377,6 +411,8 @@ class Classifier(L.LightningModule):
             )
             rest = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, exclude=matrices, tensor_lr=captured)
             optimizer = Combined([muon, rest])
+        elif hp.optimizer == "sgd":
+            optimizer = sgd(self.model, hp.lr, hp.weight_decay, hp.momentum)
         else:
             decay = hp.layer_decay
             optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, decay, tensor_lr=captured)
