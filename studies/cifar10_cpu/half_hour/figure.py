@@ -27,6 +27,8 @@ HERE = Path(__file__).parent
 # the variants in the figure's order, with their labels
 LABELS = {
     "cnn_peer": "CNN peer (airbench94's network and schedule)",
+    "recipe": "ViT: configs/cifar10_cpu.yaml",
+    "depth0": "configs/cifar10_cpu.yaml at depth 0",
     "levers": "ViT: Muon, whitened stem",
     "levers_depth0": "the same without its blocks (depth 0)",
     "levers_trivial": "ViT: Muon, whitened stem, TrivialAugment",
@@ -34,8 +36,6 @@ LABELS = {
     "airbench_cnn": "airbench94's network, the ViT's training",
     "wide_stem": "ViT: Muon, whitened stem of 64-256 channels",
     "wide_stem_depth0": "the wide stem without the blocks",
-    "recipe": "ViT: configs/cifar10_cpu.yaml",
-    "depth0": "configs/cifar10_cpu.yaml at depth 0",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
