@@ -215,7 +215,9 @@ def test_an_airbench_teacher_trains_on_the_training_clock(tmp_path, monkeypatch,
     trainer.fit(student, data)
     printed = capsys.readouterr()
     assert "teacher: airbench trained for 1 epochs" in printed.out
-    assert ("teacher: airbench, 1 epochs: 100%" in printed.err) == bar  # 5 of 5 steps
+    # the bar is drawn where the trainer draws one; not its last state: tqdm skips redraws closer
+    # than 0.1 s apart, and a bar that is not left is cleared unredrawn
+    assert ("teacher: airbench, 1 epochs:" in printed.err) == bar
     rows = metrics(tmp_path / "run" / "version_0")
     [seconds] = [float(r["time/teacher_seconds"]) for r in rows if r.get("time/teacher_seconds")]
     [accuracy] = [float(r["teacher/acc"]) for r in rows if r.get("teacher/acc")]
