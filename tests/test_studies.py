@@ -288,6 +288,18 @@ def test_the_half_hour_table_gives_each_variants_seeds_and_the_figure_draws_them
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_half_hour_figure_draws_no_two_variants_alike():
+    """More variants than the palette's ten colours: each legend entry still has its own colour
+    and line style."""
+    from studies.cifar10_cpu.half_hour import figure
+
+    runs = figure.read_runs(ROOT / "studies/cifar10_cpu/half_hour")
+    assert len(runs) > 10
+    lines = figure.figure(runs, "title").axes[0].get_legend().get_lines()
+    styles = {(line.get_color(), line.get_linestyle()) for line in lines}
+    assert len(lines) == len(runs) == len(styles)
+
+
 def test_the_half_hour_runs_table_reads_train_acc_at_the_last_full_epoch_not_the_budgets_stub():
     """train/acc is logged once an epoch; a run's last epoch is cut by its budget after a few
     steps, so the table gives the epoch before it. levers_seed1 logged 0.9647 at the end of its
@@ -344,13 +356,17 @@ def test_keep_lays_each_finished_run_of_a_sweep_out_as_the_study_reads_it(tmp_pa
         keep.keep(out, into)
 
 
-def test_keep_writes_nothing_when_a_runs_file_is_missing(tmp_path):
+def test_keep_writes_nothing_when_a_runs_file_is_missing(tmp_path, capsys):
     from studies.cifar10_cpu.half_hour import keep
 
     out, into = sweep_out(tmp_path), tmp_path / "study"
     (out / "eval/levers_depth0/metrics.json").unlink()  # the second run's: the first is not kept either
+    sweep = json.loads((out / "sweep.json").read_text())
+    sweep["variants"] = {"broken": sweep["variants"].pop("broken"), **sweep["variants"]}
+    (out / "sweep.json").write_text(json.dumps(sweep))  # the failed variant first: met before the gap
     with pytest.raises(SystemExit, match=r"levers_depth0/metrics.json is missing"):
         keep.main([str(out), "--into", str(into)])
     assert not into.exists()
+    assert capsys.readouterr().out == ""  # no "not kept" for a keep that keeps nothing
     with pytest.raises(SystemExit, match="holds no sweep.json"):
         keep.main([str(tmp_path), "--into", str(into)])

@@ -29,6 +29,8 @@ LABELS = {
     "cnn_peer": "CNN peer (airbench94's network and schedule)",
     "recipe": "ViT: configs/cifar10_cpu.yaml",
     "depth0": "configs/cifar10_cpu.yaml at depth 0",
+    "sgd_lr03": "ViT: SGD-Nesterov, lr 0.3",
+    "sgd_lr1": "ViT: SGD-Nesterov, lr 1.0",
     "levers": "ViT: Muon, whitened stem",
     "levers_depth0": "the same without its blocks (depth 0)",
     "levers_trivial": "ViT: Muon, whitened stem, TrivialAugment",
@@ -149,12 +151,21 @@ def figure(runs: dict[str, dict[int, dict]], title: str):
     palette = matplotlib.colormaps["tab10"].colors
     for i, variant in enumerate(ordered(runs)):
         colour, by_seed = palette[i % len(palette)], runs[variant]
+        style = ("-", "--", ":")[i // len(palette) % 3]  # past ten variants the colours come round again
         curve_of = next(iter(by_seed.values()))["curve_of"]
         label = f"{LABELS.get(variant, variant)} ({curve_of}; {len(by_seed)} seed{'s' * (len(by_seed) > 1)})"
         marker = "." if curve_of == "test" else None  # the peer's few reports
         for seed in sorted(by_seed):
             run = by_seed[seed]
-            ax.plot(*run["curve"], color=colour, linewidth=1.2, alpha=0.8, marker=marker, label=label)
+            ax.plot(
+                *run["curve"],
+                color=colour,
+                linestyle=style,
+                linewidth=1.2,
+                alpha=0.8,
+                marker=marker,
+                label=label,
+            )
             label = None  # one legend entry a variant
             ax.plot([30], [run["top1"]], marker="o", color=colour, markersize=5)
     ax.set_xlabel("minutes of training (validation included)")

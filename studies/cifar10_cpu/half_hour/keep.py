@@ -20,16 +20,18 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def plan(out: Path, into: Path) -> dict[Path, dict[str, Path | dict]]:
+def plan(out: Path, into: Path) -> tuple[dict[Path, dict[str, Path | dict]], dict[str, str]]:
     """{folder: {file name: the file to copy, or the JSON to write}} for each finished run of the
-    sweep in `out`; SystemExit with one line when a run's file is missing or its folder exists."""
+    sweep in `out`, and {variant: its status} for those not finished; SystemExit with one line when
+    a run's file is missing or its folder exists."""
     if not (out / "sweep.json").is_file():
         raise SystemExit(f"{out} holds no sweep.json: give a folder benchmarks/gpu_sweep.py --out wrote")
     sweep = json.loads((out / "sweep.json").read_text())
     folders: dict[Path, dict[str, Path | dict]] = {}
+    unfinished: dict[str, str] = {}
     for name, variant in sweep["variants"].items():
         if variant["status"] != "ok":
-            print(f"{name}: not kept ({variant['status']})")
+            unfinished[name] = variant["status"]
             continue
         folder = into / f"{name}_seed{sweep['seed']}"
         if folder.exists():
@@ -43,12 +45,12 @@ def plan(out: Path, into: Path) -> dict[Path, dict[str, Path | dict]]:
             if not path.is_file():
                 raise SystemExit(f"{path} is missing: {name} of {out} cannot be kept")
         folders[folder] = {**files, "sweep.json": {**sweep, "variants": {name: variant}}}
-    return folders
+    return folders, unfinished
 
 
 def keep(out: Path, into: Path = HERE) -> list[Path]:
     """Copy the finished runs of the sweep in `out` into `into`; returns their folders."""
-    folders = plan(out, into)
+    folders, unfinished = plan(out, into)
     for folder, files in folders.items():
         folder.mkdir(parents=True)
         for name, source in files.items():
@@ -57,6 +59,8 @@ def keep(out: Path, into: Path = HERE) -> list[Path]:
             else:
                 shutil.copyfile(source, folder / name)
         print(f"kept {folder}")
+    for name, status in unfinished.items():
+        print(f"{name}: not kept ({status})")
     return list(folders)
 
 
