@@ -290,14 +290,19 @@ def test_the_half_hour_table_gives_each_variants_seeds_and_the_figure_draws_them
 
 def test_the_half_hour_figure_draws_no_two_variants_alike():
     """More variants than the palette's ten colours: each legend entry still has its own colour
-    and line style."""
+    and line style, each variant's end dot its own colour and marker."""
     from studies.cifar10_cpu.half_hour import figure
 
     runs = figure.read_runs(ROOT / "studies/cifar10_cpu/half_hour")
     assert len(runs) > 10
-    lines = figure.figure(runs, "title").axes[0].get_legend().get_lines()
+    ax = figure.figure(runs, "title").axes[0]
+    lines = ax.get_legend().get_lines()
     styles = {(line.get_color(), line.get_linestyle()) for line in lines}
     assert len(lines) == len(runs) == len(styles)
+    ends = {
+        (line.get_color(), line.get_marker()) for line in ax.get_lines() if list(line.get_xdata()) == [30]
+    }
+    assert len(ends) == len(runs)  # the test top-1 dots at 30 minutes, one look a variant
 
 
 def test_the_half_hour_runs_table_reads_train_acc_at_the_last_full_epoch_not_the_budgets_stub():

@@ -151,7 +151,8 @@ def figure(runs: dict[str, dict[int, dict]], title: str):
     palette = matplotlib.colormaps["tab10"].colors
     for i, variant in enumerate(ordered(runs)):
         colour, by_seed = palette[i % len(palette)], runs[variant]
-        style = ("-", "--", ":")[i // len(palette) % 3]  # past ten variants the colours come round again
+        # past ten variants the colours come round again: the line's style and the end's marker change
+        style, end = (("-", "o"), ("--", "s"), (":", "^"))[i // len(palette) % 3]
         curve_of = next(iter(by_seed.values()))["curve_of"]
         label = f"{LABELS.get(variant, variant)} ({curve_of}; {len(by_seed)} seed{'s' * (len(by_seed) > 1)})"
         marker = "." if curve_of == "test" else None  # the peer's few reports
@@ -167,7 +168,7 @@ def figure(runs: dict[str, dict[int, dict]], title: str):
                 label=label,
             )
             label = None  # one legend entry a variant
-            ax.plot([30], [run["top1"]], marker="o", color=colour, markersize=5)
+            ax.plot([30], [run["top1"]], marker=end, color=colour, markersize=5)
     ax.set_xlabel("minutes of training (validation included)")
     ax.set_ylabel("top-1 accuracy")
     ax.set_xlim(0, 31)
