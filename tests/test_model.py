@@ -201,6 +201,55 @@ def test_a_stride_1_convolution_in_the_stem_widens_the_window_and_keeps_the_grid
             ViT(preset="micro", num_classes=3, image_size=16, patch_size=4, conv_stem=(8, 16), **options)
 
 
+def test_an_airbench_stem_is_airbench94s_blocks_each_halving_the_map():
+    """conv_stem_block 'airbench': each conv_stem entry one of airbench94's blocks, here computed by
+    hand from the stem's own weights (3x3 convolution, zero padding, no bias; max-pool 2;
+    BatchNorm of scale fixed at 1; GELU; 3x3 convolution; BatchNorm; GELU), its first filters
+    the identity (Dirac). [8, 16] makes 32 pixels an 8x8 map of 16 channels: patch 4, 64 tokens."""
+    torch.manual_seed(0)
+    airbench = dict(
+        preset="micro", num_classes=3, patch_size=4, conv_stem=(8, 16), conv_stem_block="airbench"
+    )
+    model = ViT(**airbench)
+    assert model.config.stem_stride == 4 and model.grid_size == (8, 8)
+    assert model.patch_proj.in_features == 16  # 1x1 patches of the 16-channel map
+    for block in model.stem:  # BatchNorm's moving statistics, random: in eval mode they count
+        for norm in (block[2], block[5]):
+            assert not norm.weight.requires_grad and torch.equal(norm.weight, torch.ones_like(norm.weight))
+            norm.running_mean.normal_()
+            norm.running_var.uniform_(0.5, 2)
+            norm.bias.data.normal_()
+    first = model.stem[0][0].weight
+    assert torch.equal(first[:3], torch.eye(3)[:, :, None, None] * F.pad(torch.ones(1, 1), (1, 1, 1, 1)))
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+
+    def norm(x, bn):
+        return (x - bn.running_mean[:, None, None]) / (
+            bn.running_var[:, None, None] + bn.eps
+        ).sqrt() + bn.bias[:, None, None]
+
+    expected = x
+    for block in model.stem:
+        expected = F.gelu(norm(F.max_pool2d(F.conv2d(expected, block[0].weight, padding=1), 2), block[2]))
+        expected = F.gelu(norm(F.conv2d(expected, block[4].weight, padding=1), block[5]))
+    assert expected.shape == (2, 16, 8, 8)
+    torch.testing.assert_close(model.stem(x), expected)
+    assert model(x).shape == (2, 3)
+    # strides of 2 are what the blocks do anyway (a config's strides overridden on the command line)
+    assert ViT(**airbench, conv_stem_strides=(2, 2)).grid_size == (8, 8)
+    for options, message in (
+        (
+            dict(conv_stem_strides=(1, 2)),
+            "an 'airbench' stem's blocks each halve the map: its conv_stem_strides are 2s",
+        ),
+        (dict(patch_size=2), "patch_size=2 is not divisible by the stem's 4"),
+        (dict(conv_stem_block="resnet"), "conv_stem_block must be 'conv' or 'airbench', got 'resnet'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ViT(**airbench | options)
+
+
 def test_additive_mask_equals_boolean_mask():
     torch.manual_seed(0)
     attn = make_attention(16, 2)

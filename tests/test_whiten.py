@@ -14,7 +14,7 @@ from lab.cifar10_pack import fake_cifar10
 from vit import ViTClassifier, ViTConfig
 from vit.datamodules import CIFAR10
 from vit.errors import UsageError
-from vit.layers import WHITEN_EPS, whiten_
+from vit.layers import WHITEN_EPS, first_conv, whiten_
 
 VIT = ViTConfig(preset="micro", patch_size=4, conv_stem=[64], conv_stem_strides=[1])
 
@@ -23,7 +23,7 @@ class FirstFilters(Callback):
     """The stem's first filters as training starts (after on_fit_start)."""
 
     def on_train_start(self, trainer, pl_module):
-        self.weight = pl_module.model.stem[0].weight.detach().clone()
+        self.weight = first_conv(pl_module.model.stem).weight.detach().clone()
 
 
 def responses(filters: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
@@ -32,17 +32,17 @@ def responses(filters: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     return patches @ filters.flatten(1).double().T
 
 
-def fit(root, whiten: bool, max_steps: int = 1, ckpt_path=None, callbacks=()):
+def fit(root, whiten: bool, max_steps: int = 1, ckpt_path=None, callbacks=(), vit=VIT):
     L.seed_everything(0, verbose=False)
     data = CIFAR10(root=str(root), val_size=10, batch_size=16, crop_padding=0)
-    model = ViTClassifier(vit=VIT, whiten_stem=whiten)
+    model = ViTClassifier(vit=vit, whiten_stem=whiten)
     first = FirstFilters()
     trainer = L.Trainer(
         accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, callbacks=[first, *callbacks],
         default_root_dir=root.parent,
     )  # fmt: skip
-    initial = model.model.stem[0].weight.detach().clone()
+    initial = first_conv(model.model.stem).weight.detach().clone()
     trainer.fit(model, data, ckpt_path=ckpt_path)
     return initial, first.weight, data.split("train").images.float() / 255
 
@@ -75,6 +75,24 @@ def test_the_stem_starts_training_whitening_the_training_patches(tmp_path):
     _, resumed, _ = fit(root, whiten=True, max_steps=2, ckpt_path=tmp_path / "ckpts" / "epoch=0-step=1.ckpt")
     assert torch.equal(resumed, checkpoint["state_dict"]["model.stem.0.weight"])
     assert not torch.equal(resumed, whitened)  # the step moved them
+
+
+def test_an_airbench_stem_whitens_its_first_blocks_first_convolution(tmp_path):
+    """With airbench94's blocks as the stem, whiten_stem sets the first block's first 3x3
+    convolution (64 filters) as it does ConvStem's first layer: 27 pairs of whitening filters and
+    their negatives, the last 10 as initialised."""
+    root = fake_cifar10(tmp_path / "data", per_class=6)
+    vit = ViTConfig(preset="micro", patch_size=4, conv_stem=[64], conv_stem_block="airbench")
+    initial, whitened, images = fit(root, whiten=True, vit=vit)
+    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, 27)
+    eigenvalues = torch.linalg.eigvalsh(patches.T.cov(correction=0)).flip(0)
+    expected = torch.diag(eigenvalues / (eigenvalues + WHITEN_EPS))
+    torch.testing.assert_close(
+        responses(whitened[:27], images).T.cov(correction=0), expected, atol=1e-4, rtol=0
+    )
+    assert torch.equal(whitened[27:54], -whitened[:27])
+    assert torch.equal(whitened[54:], initial[54:])
+    assert not torch.equal(whitened[:3], initial[:3])  # the Dirac filters are overwritten
 
 
 def test_a_narrow_layer_takes_the_largest_components_in_pairs():

@@ -20,7 +20,7 @@ from vit.callbacks import EMA, LearningRate, budget_callbacks, logged_step, trai
 from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
-from vit.layers import whiten_
+from vit.layers import first_conv, whiten_
 from vit.model import ViT
 from vit.optim import Combined, block_matrices
 from vit.preparation import to_float
@@ -522,7 +522,8 @@ class ViTClassifier(Classifier):
 
     def whiten_stem(self) -> None:
         """airbench's whitening initialisation (`vit.layers.whiten_`) of the stem's first
-        convolution, from up to WHITEN_SAMPLE training images spread over the train split."""
+        convolution (`vit.layers.first_conv`), from up to WHITEN_SAMPLE training images spread over
+        the train split."""
         datamodule = self.trainer.datamodule
         train = datamodule.split("train") if hasattr(datamodule, "split") else None
         images = getattr(train, "images", None)
@@ -530,7 +531,7 @@ class ViTClassifier(Classifier):
         images = to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
         if self.model.mean is not None:  # as the stem sees them
             images = (images - self.model.mean) / self.model.std
-        whiten_(self.model.stem[0], images)
+        whiten_(first_conv(self.model.stem), images)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         start, end = self.model.config.patch_dropout, self.hparams.patch_dropout_end

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.errors import require
-from vit.layers import whitening_filters
+from vit.layers import AirbenchBlock, whitening_filters
 
 # "circular" wraps like the wrap-around canvas; "zeros" lets a unit see the image border (a
 # position cue); "valid" drops the border, so no unit sees it.
@@ -113,32 +113,6 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).mean(dim=(2, 3)))
-
-
-def airbench_conv(c_in: int, c_out: int) -> nn.Conv2d:
-    """airbench's 3x3 convolution: zero padding, no bias, its first `c_in` filters starting as the
-    identity (Dirac)."""
-    conv = nn.Conv2d(c_in, c_out, 3, padding="same", bias=False)
-    nn.init.dirac_(conv.weight.data[:c_in])
-    return conv
-
-
-def airbench_norm(channels: int) -> nn.BatchNorm2d:
-    """airbench's BatchNorm: statistics moving fast (its momentum 0.6 is PyTorch's 0.4), a scale
-    fixed at 1: only the bias learns."""
-    norm = nn.BatchNorm2d(channels, eps=1e-12, momentum=0.4)
-    norm.weight.requires_grad_(False)
-    return norm
-
-
-class AirbenchBlock(nn.Sequential):
-    """airbench's ConvGroup: conv, max-pool 2, BN, GELU, conv, BN, GELU (half the size out)."""
-
-    def __init__(self, c_in: int, c_out: int):
-        super().__init__(
-            airbench_conv(c_in, c_out), nn.MaxPool2d(2), airbench_norm(c_out), nn.GELU(),
-            airbench_conv(c_out, c_out), airbench_norm(c_out), nn.GELU(),
-        )  # fmt: skip
 
 
 class AirbenchCNN(nn.Module):

@@ -61,6 +61,10 @@ class ViTConfig:
     # patch grid stays the patch size's: the patch embedding takes the rest of the stride
     conv_stem: list[int] | None = None
     conv_stem_strides: list[int] | None = None  # one per conv_stem entry, 1 or 2; default 2s
+    # "airbench": each conv_stem entry is one of airbench94's blocks instead (AirbenchStem: two 3x3
+    # convolutions, a max-pool of 2 between them, BatchNorm, GELU), each halving the map (its
+    # conv_stem_strides, if given, 2s)
+    conv_stem_block: Literal["conv", "airbench"] = "conv"
     locality_attention: bool = False  # learned temperature, no attention to oneself (LSA)
     rel_pos_bias: bool = False  # a learned bias per head and patch offset (RelativePositionBias)
     attn_window: int | None = None  # patches attend only within this Chebyshev distance (a control)
@@ -87,7 +91,8 @@ class ViTConfig:
 
     @property
     def stem_stride(self) -> int:
-        """How much smaller the conv stem makes the image (1 without one)."""
+        """How much smaller the conv stem makes the image (1 without one; an 'airbench' stem's
+        strides are all 2s)."""
         return math.prod(self.conv_stem_strides or [2] * len(self.conv_stem or []))
 
     def to_dict(self) -> dict:
@@ -171,6 +176,14 @@ class ViTConfig:
                 f"conv_stem_strides={list(self.conv_stem_strides)} needs one stride per conv_stem entry",
             )
             require(all(s in (1, 2) for s in self.conv_stem_strides), "conv_stem_strides must be 1s and 2s")
+            require(
+                self.conv_stem_block == "conv" or all(s == 2 for s in self.conv_stem_strides),
+                "an 'airbench' stem's blocks each halve the map: its conv_stem_strides are 2s",
+            )
+        require(
+            self.conv_stem_block in ("conv", "airbench"),
+            f"conv_stem_block must be 'conv' or 'airbench', got {self.conv_stem_block!r}",
+        )
         if self.conv_stem:
             require(
                 all(n >= 1 for n in self.conv_stem),

@@ -7,9 +7,10 @@
   `Attention`'s two paths: `masked`, `Softmax` (fp32 weights a hook can record), `fused_attention`
   (the same maths in one SDPA kernel) and `explicit_is_faster` (CPU bf16: the explicit path wins);
 - residual branches: `LayerScale` (CaiT, DINOv2), `DropPath` (stochastic depth);
-- tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021) and
-  `whiten_`, airbench's whitening initialisation of its first convolution (`ViTClassifier`'s
-  `whiten_stem`);
+- tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021),
+  `AirbenchStem` (the blocks of airbench94's CNN, `AirbenchBlock`, which vit/cnn.py builds its
+  network from) and `whiten_`, airbench's whitening initialisation of its first convolution
+  (`ViTClassifier`'s `whiten_stem`);
 - training: `drop_patches` (PatchDropout, Liu et al. 2022).
 """
 
@@ -202,6 +203,45 @@ class ConvStem(nn.Sequential):
         super().__init__(*layers)
 
 
+def airbench_conv(c_in: int, c_out: int) -> nn.Conv2d:
+    """airbench's 3x3 convolution: zero padding, no bias, its first `c_in` filters starting as the
+    identity (Dirac)."""
+    conv = nn.Conv2d(c_in, c_out, 3, padding="same", bias=False)
+    nn.init.dirac_(conv.weight.data[:c_in])
+    return conv
+
+
+def airbench_norm(channels: int) -> nn.BatchNorm2d:
+    """airbench's BatchNorm: statistics moving fast (its momentum 0.6 is PyTorch's 0.4), a scale
+    fixed at 1: only the bias learns."""
+    norm = nn.BatchNorm2d(channels, eps=1e-12, momentum=0.4)
+    norm.weight.requires_grad_(False)
+    return norm
+
+
+class AirbenchBlock(nn.Sequential):
+    """airbench's ConvGroup: conv, max-pool 2, BN, GELU, conv, BN, GELU (half the size out)."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(
+            airbench_conv(c_in, c_out), nn.MaxPool2d(2), airbench_norm(c_out), nn.GELU(),
+            airbench_conv(c_out, c_out), airbench_norm(c_out), nn.GELU(),
+        )  # fmt: skip
+
+
+class AirbenchStem(nn.Sequential):
+    """airbench94's blocks (`AirbenchBlock`) as a stem in front of the patch embedding, one per
+    entry of `channels`, each halving the map: `[64, 256]` makes a 32x32 image an 8x8 map of 256
+    channels, as the first two of airbench's three blocks do. airbench's own first layer, a 2x2
+    convolution without padding, is left out (it would make 32 pixels 31, off the patch grid):
+    `whiten_stem` whitens the first block's first 3x3 convolution, as it does `ConvStem`'s."""
+
+    def __init__(self, in_channels: int, channels: list[int]):
+        super().__init__(
+            *(AirbenchBlock(a, b) for a, b in zip([in_channels, *channels], channels, strict=False))
+        )
+
+
 # airbench's eps (5e-4) is for images normalised per channel; pixels in [0, 1] have about 1/16 of
 # that variance (CIFAR-10's standard deviation is about 0.25)
 WHITEN_EPS = 3e-5
@@ -230,6 +270,11 @@ def whitening_filters(
     eigenvalues, eigenvectors = torch.linalg.eigh(products / count - mean[:, None] * mean)  # ascending
     filters = (eigenvectors.T / (eigenvalues[:, None] + eps).sqrt()).flip(0)
     return filters.reshape(size, images.shape[1], kh, kw), mean
+
+
+def first_conv(stem: nn.Module) -> nn.Conv2d:
+    """The first convolution of a stem (`ConvStem`'s first layer, `AirbenchStem`'s first block's)."""
+    return next(m for m in stem.modules() if isinstance(m, nn.Conv2d))
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from torch import nn
 from vit.config import ViTConfig, pair
 from vit.errors import UsageError, require
 from vit.layers import (
+    AirbenchStem,
     ConvStem,
     DropPath,
     LayerScale,
@@ -181,9 +182,12 @@ class ViT(nn.Module):
             self.register_buffer(name, table, persistent=False)
 
         # patches -> tokens; the stem's output is patchified with what stride remains of the patch
-        self.stem = (
-            ConvStem(c.in_channels, list(c.conv_stem), c.conv_stem_strides) if c.conv_stem else nn.Identity()
-        )
+        if not c.conv_stem:
+            self.stem = nn.Identity()
+        elif c.conv_stem_block == "airbench":
+            self.stem = AirbenchStem(c.in_channels, list(c.conv_stem))
+        else:
+            self.stem = ConvStem(c.in_channels, list(c.conv_stem), c.conv_stem_strides)
         token_patch = c.patch_size // c.stem_stride
         channels = c.conv_stem[-1] if c.conv_stem else c.in_channels
         shift = max(c.patch_size // 2, 1) if c.shifted_patches else 0  # the paper's: half a patch

@@ -38,6 +38,8 @@ LABELS = {
     "airbench_cnn": "airbench94's network, the ViT's training",
     "wide_stem": "ViT: Muon, whitened stem of 64-256 channels",
     "wide_stem_depth0": "the wide stem without the blocks",
+    "airbench_stem": "ViT: airbench94's first two blocks as the stem, 64 tokens",
+    "airbench_stem_depth0": "airbench94's first two blocks without the ViT's",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
