@@ -47,6 +47,21 @@ def fit(root, whiten: bool, max_steps: int = 1, ckpt_path=None, callbacks=(), vi
     return initial, first.weight, data.split("train").images.float() / 255
 
 
+def assert_whitened(whitened: torch.Tensor, initial: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """54 of 64 filters set: the first 27 whose responses to the images' 3x3 patches have the
+    covariance diag(eigenvalue / (eigenvalue + eps)) of the patches' (the identity, but for the few
+    components of JPEG's least variance, which eps damps), their negatives, the other 10 as
+    initialised. Returns that expected covariance."""
+    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, 27)
+    eigenvalues = torch.linalg.eigvalsh(patches.T.cov(correction=0)).flip(0)
+    expected = torch.diag(eigenvalues / (eigenvalues + WHITEN_EPS))
+    covariance = responses(whitened[:27], images).T.cov(correction=0)
+    torch.testing.assert_close(covariance, expected, atol=1e-4, rtol=0)
+    assert torch.equal(whitened[27:54], -whitened[:27])
+    assert torch.equal(whitened[54:], initial[54:])
+    return expected
+
+
 def test_the_stem_starts_training_whitening_the_training_patches(tmp_path):
     """54 filters (2 x 3x3x3) of the 64: 27 whose responses to the training images' patches are
     uncorrelated, of variance 1 (less where eps damps a component of almost none), and their
@@ -56,16 +71,8 @@ def test_the_stem_starts_training_whitening_the_training_patches(tmp_path):
     every_step = ModelCheckpoint(tmp_path / "ckpts", every_n_train_steps=1, save_top_k=-1)
     initial, whitened, images = fit(root, whiten=True, callbacks=[every_step])
     assert len(images) == 50
-    # the responses' covariance is diag(eigenvalue / (eigenvalue + eps)) of the patches' covariance:
-    # the identity, but for the few components of JPEG's least variance, which eps damps
-    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, 27)
-    eigenvalues = torch.linalg.eigvalsh(patches.T.cov(correction=0)).flip(0)
-    expected = torch.diag(eigenvalues / (eigenvalues + WHITEN_EPS))
-    covariance = responses(whitened[:27], images).T.cov(correction=0)
-    torch.testing.assert_close(covariance, expected, atol=1e-4, rtol=0)
+    expected = assert_whitened(whitened, initial, images)
     assert (expected.diagonal()[:10] > 0.99).all()
-    assert torch.equal(whitened[27:54], -whitened[:27])
-    assert torch.equal(whitened[54:], initial[54:])
 
     initial, untouched, _ = fit(root, whiten=False)
     assert torch.equal(untouched, initial)
@@ -84,14 +91,7 @@ def test_an_airbench_stem_whitens_its_first_blocks_first_convolution(tmp_path):
     root = fake_cifar10(tmp_path / "data", per_class=6)
     vit = ViTConfig(preset="micro", patch_size=4, conv_stem=[64], conv_stem_block="airbench")
     initial, whitened, images = fit(root, whiten=True, vit=vit)
-    patches = F.unfold(images.double(), 3).transpose(1, 2).reshape(-1, 27)
-    eigenvalues = torch.linalg.eigvalsh(patches.T.cov(correction=0)).flip(0)
-    expected = torch.diag(eigenvalues / (eigenvalues + WHITEN_EPS))
-    torch.testing.assert_close(
-        responses(whitened[:27], images).T.cov(correction=0), expected, atol=1e-4, rtol=0
-    )
-    assert torch.equal(whitened[27:54], -whitened[:27])
-    assert torch.equal(whitened[54:], initial[54:])
+    assert_whitened(whitened, initial, images)
     assert not torch.equal(whitened[:3], initial[:3])  # the Dirac filters are overwritten
 
 
