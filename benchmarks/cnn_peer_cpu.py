@@ -152,7 +152,9 @@ def train_seed(
         total=round(budget, 1), desc=f"seed {seed}", unit="s", disable=not progress, file=sys.stderr,
         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of training{postfix}",
     )  # fmt: skip
+    # channels-last, as airbench runs it: oneDNN's NHWC kernels (1.1x training, 1.7x testing, fp32)
     network = AirbenchCNN(len(CIFAR10_CLASSES), train.images.shape[1], widths)
+    network = network.to(memory_format=torch.channels_last)
     mirrored = torch.rand(len(train)) < 0.5  # the images the even epochs mirror, drawn once
     network.whiten(next(epoch_batches(train, mirrored, 0))[0])
     training = AirbenchTraining(network, BATCH_SIZE, autocast)

@@ -150,3 +150,16 @@ def test_attention_maps_cost_benchmark_smoke(capsys):
         "its PNG",
     }
     assert "AttentionMaps: median" in capsys.readouterr().out
+
+
+def test_memory_format_benchmark_smoke(capsys):
+    """Every network in every layout trains and infers, and its logits are NCHW's (rounding only)."""
+    from benchmarks.memory_format import LAYOUTS, main
+
+    results = main(["--smoke"])
+    names = ("config", "depth0", "airbench", "plain")
+    assert set(results) == {(n, layout) for n in names for layout in LAYOUTS}
+    assert all(r["train"] > 0 and r["infer"] > 0 and r["difference"] < 1e-4 for r in results.values())
+    assert all(results[n, "nchw"]["difference"] == 0 for n in names)
+    out = capsys.readouterr().out
+    assert "family" in out and "airbench  nhwc+weights" in out

@@ -7,6 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from tests.helpers import explicit_attention_weights
+from vit import ViTClassifier
 from vit.config import PRESETS, ViTConfig
 from vit.interpret.maps import attention_weights
 from vit.layers import RelativePositionBias, ShiftedPatches, sincos_2d
@@ -141,6 +142,28 @@ def test_shifted_patches_see_their_neighbours():
     expected[2:10, 2:10] = True
     assert torch.equal(seen, expected)
     assert model(image).shape == (1, 3)
+
+
+def test_a_classifier_gives_its_network_channels_last_images_and_the_same_logits():
+    """The classifier hands its network NHWC images (oneDNN's and cuDNN's faster convolutions),
+    on the CPU as on a GPU: the stem's first convolution sees channels-last memory, and the logits
+    are the ones of the same images in NCHW, in training (batch statistics) and in eval."""
+    torch.manual_seed(0)
+    stem = ViTConfig(preset="micro", patch_size=4, conv_stem=(8, 16))
+    classifier = ViTClassifier(num_classes=3, image_size=16, vit=stem)
+    seen = []
+    classifier.model.stem[0].register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+    )
+    images, labels = torch.rand(6, 3, 16, 16), torch.randint(3, (6,))
+    assert images.is_contiguous() and not images.is_contiguous(memory_format=torch.channels_last)
+    for mode in (classifier.train, classifier.eval):
+        mode()
+        with torch.no_grad():
+            logits, _ = classifier.loss(images, labels)
+            assert seen.pop() is True
+            torch.testing.assert_close(logits, classifier.model(images), rtol=1e-5, atol=1e-5)
+            assert seen.pop() is False
 
 
 def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():

@@ -226,6 +226,8 @@ def test_an_airbench_teacher_trains_on_the_training_clock(tmp_path, monkeypatch,
     assert trainer.global_step == steps and len(augmented) == 1 + 2 * steps  # whitening, teacher, ViT
     teacher = student.teacher
     assert isinstance(teacher, Teacher) and not teacher.network.stem.weight.requires_grad  # whitened
+    # NHWC weights: oneDNN's faster convolutions on the CPU, cuDNN's on a GPU
+    assert teacher.network.blocks[0][0].weight.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_an_airbench_teacher_alternates_its_flips_by_its_own_epochs(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from vit.errors import UsageError, require
 from vit.layers import first_conv, whiten_
 from vit.model import ViT
 from vit.optim import Combined, block_matrices
-from vit.preparation import to_float
+from vit.preparation import for_the_device, to_float
 from vit.pretrained import for_finetuning
 from vit.step import CapturedStep
 from vit.teacher import Teacher, load_teacher, train_airbench
@@ -141,14 +141,6 @@ def warmup_decay(
     return LambdaLR(
         optimizer, lambda step: warmup_cosine(progress(step), warmup, min_lr_fraction, start, decay)
     )
-
-
-def for_the_device(images: torch.Tensor) -> torch.Tensor:
-    """Images as the network takes them fastest: channels-last on a GPU, where a convolutional
-    stem runs cuDNN's faster NHWC kernels; as they are elsewhere."""
-    if images.is_cuda and images.ndim == 4:
-        return images.contiguous(memory_format=torch.channels_last)
-    return images
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from vit.datamodules import InMemory
 from vit.errors import require
+from vit.preparation import for_the_device
 
 N_BINS = 15  # confidence bins of the calibration error, as in Guo et al. 2017
 
@@ -54,10 +55,10 @@ def predict_probabilities(
     level = tta_level(tta)
 
     def with_mirror(x: torch.Tensor) -> torch.Tensor:
-        probabilities = model(x).float().softmax(dim=-1)
+        probabilities = model(for_the_device(x)).float().softmax(dim=-1)
         if level == "none":
             return probabilities
-        return (probabilities + model(x.flip(-1)).float().softmax(dim=-1)) / 2
+        return (probabilities + model(for_the_device(x.flip(-1))).float().softmax(dim=-1)) / 2
 
     probabilities = with_mirror(images)
     if level == "flip-translate":

@@ -147,6 +147,17 @@ def bilinear_weights(size: int, start: float, end: float, out: int, device: torc
     return (weights / weights.sum(1, keepdim=True) * 2**22 + 0.5).floor() / 2**22
 
 
+def for_the_device(images: torch.Tensor) -> torch.Tensor:
+    """Images as a network takes them fastest: channels-last (NHWC), where a convolutional stem
+    runs the faster NHWC kernels (cuDNN's on a GPU, oneDNN's on a CPU: on a 2-core Zen 3 in fp32
+    the CPU config's training step took 1.16x the images per second, its inference 1.17x) and
+    plain patches run as fast (`benchmarks/memory_format.py`, docs/speed.md). The classifier's
+    steps and `vit.metrics.predict_probabilities` (vit-eval) hand every batch over so."""
+    if images.ndim == 4:
+        return images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
 def to_float(images: torch.Tensor) -> torch.Tensor:
     """uint8 pixels -> float32 in [0, 1], the form every model input takes (float stays as it is)."""
     return images.float().div_(255) if images.dtype == torch.uint8 else images

@@ -137,9 +137,8 @@ def train_airbench(trainer: L.Trainer, num_classes: int, in_channels: int, epoch
     each epoch."""
     start = time.perf_counter()
     datamodule, device = trainer.datamodule, trainer.strategy.root_device
-    network = AirbenchCNN(num_classes, in_channels).to(device)
-    if device.type == "cuda":  # cuDNN's faster NHWC kernels
-        network = network.to(memory_format=torch.channels_last)
+    # channels-last: cuDNN's and oneDNN's faster NHWC kernels (`vit.preparation.for_the_device`)
+    network = AirbenchCNN(num_classes, in_channels).to(device, memory_format=torch.channels_last)
     loader = datamodule.train_dataloader()
 
     def batches(epoch: int):  # an epoch of training batches, augmented as the ViT's are
