@@ -152,7 +152,8 @@ def train_seed(
         total=round(budget, 1), desc=f"seed {seed}", unit="s", disable=not progress, file=sys.stderr,
         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of training{postfix}",
     )  # fmt: skip
-    # channels-last, as airbench runs it: oneDNN's NHWC kernels (1.1x training, 1.7x testing, fp32)
+    # channels-last, as airbench runs it: oneDNN's NHWC kernels (a Zen 3 in fp32: 1.13-1.17x
+    # training, 1.47-1.53x testing; benchmarks/memory_format.py)
     network = AirbenchCNN(len(CIFAR10_CLASSES), train.images.shape[1], widths)
     network = network.to(memory_format=torch.channels_last)
     mirrored = torch.rand(len(train)) < 0.5  # the images the even epochs mirror, drawn once

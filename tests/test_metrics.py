@@ -136,15 +136,13 @@ def test_every_view_reaches_the_model_channels_last_with_the_same_probabilities(
     """oneDNN's and cuDNN's convolutions run faster on NHWC memory: each of flip-translate TTA's
     six views is handed to the model channels-last, and the probabilities are those of NCHW views."""
     torch.manual_seed(0)
-    conv, seen = torch.nn.Conv2d(3, 4, 3), []
-
-    def model(x: torch.Tensor) -> torch.Tensor:
-        seen.append(x.is_contiguous(memory_format=torch.channels_last))
-        return conv(x).amax(dim=(2, 3))
-
+    conv, seen, nhwc = torch.nn.Conv2d(3, 4, 3), [], torch.channels_last
+    conv.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous(memory_format=nhwc)))
+    model = torch.nn.Sequential(conv, torch.nn.AdaptiveMaxPool2d(1), torch.nn.Flatten())
     images = torch.rand(2, 3, 8, 8)
     with torch.no_grad():
         got = predict_probabilities(model, images, tta="flip-translate")
         assert seen == [True] * 6
-        nchw = predict_probabilities(lambda x: conv(x.contiguous()).amax((2, 3)), images, "flip-translate")
+        nchw = predict_probabilities(lambda x: model(x.contiguous()), images, "flip-translate")
+    assert seen[6:] == [False] * 6  # a callable that is not a module: its views as they are
     torch.testing.assert_close(got, nchw)

@@ -164,6 +164,11 @@ def test_a_classifier_gives_its_network_channels_last_images_and_the_same_logits
             assert seen.pop() is True
             torch.testing.assert_close(logits, classifier.model(images), rtol=1e-5, atol=1e-5)
             assert seen.pop() is False
+    # plain patches, no convolution: the images as they are (a copy would buy nothing)
+    plain = ViTClassifier(num_classes=3, image_size=16, vit=ViTConfig(preset="micro", patch_size=4))
+    plain.model.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    plain.loss(images, labels)
+    assert seen == [True]
 
 
 def test_conv_stem_keeps_the_patch_grid_and_reads_a_window_around_each_patch():

@@ -199,7 +199,7 @@ def compile_now(classifier: Classifier) -> None:
     devices = [classifier.device] if classifier.device.type == "cuda" else []
     # the random state forked: a compiled run draws what an eager one with the same seed draws
     with torch.random.fork_rng(devices), trainer.precision_plugin.forward_context():
-        images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device))
+        images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device), network)
         network.train()
         network(images).float().sum().backward()
         network.eval()
@@ -296,7 +296,7 @@ class Classifier(L.LightningModule):
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits of images `x` and their loss: cross-entropy with label smoothing against `y`,
         class indices (N,) or class probabilities (N, classes) from MixUp/CutMix, taken as they are."""
-        logits = self(for_the_device(x))
+        logits = self(for_the_device(x, self.model))
         return logits, F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
 
     def _step(self, batch, stage: str, accuracy: MulticlassAccuracy) -> torch.Tensor:
@@ -489,7 +489,7 @@ class ViTClassifier(Classifier):
         teacher's argmax for the same images; the logits are both heads' mean, as in eval."""
         if self.teacher is None or not self.training:
             return super().loss(x, y)
-        x = for_the_device(x)
+        x = for_the_device(x, self.model)
         logits, distilled = self.model.forward_heads(self.model.forward_features(x))
         labels = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         answers = F.cross_entropy(distilled, self.teacher(x))

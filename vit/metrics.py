@@ -55,10 +55,10 @@ def predict_probabilities(
     level = tta_level(tta)
 
     def with_mirror(x: torch.Tensor) -> torch.Tensor:
-        probabilities = model(for_the_device(x)).float().softmax(dim=-1)
+        probabilities = model(for_the_device(x, model)).float().softmax(dim=-1)
         if level == "none":
             return probabilities
-        return (probabilities + model(for_the_device(x.flip(-1))).float().softmax(dim=-1)) / 2
+        return (probabilities + model(for_the_device(x.flip(-1), model)).float().softmax(dim=-1)) / 2
 
     probabilities = with_mirror(images)
     if level == "flip-translate":

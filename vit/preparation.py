@@ -147,13 +147,18 @@ def bilinear_weights(size: int, start: float, end: float, out: int, device: torc
     return (weights / weights.sum(1, keepdim=True) * 2**22 + 0.5).floor() / 2**22
 
 
-def for_the_device(images: torch.Tensor) -> torch.Tensor:
-    """Images as a network takes them fastest: channels-last (NHWC), where a convolutional stem
-    runs the faster NHWC kernels (cuDNN's on a GPU, oneDNN's on a CPU: on a 2-core Zen 3 in fp32
-    the CPU config's training step took 1.16x the images per second, its inference 1.17x) and
-    plain patches run as fast (`benchmarks/memory_format.py`, docs/speed.md). The classifier's
-    steps and `vit.metrics.predict_probabilities` (vit-eval) hand every batch over so."""
-    if images.ndim == 4:
+def for_the_device(images: torch.Tensor, network: object) -> torch.Tensor:
+    """Images as `network` takes them fastest: channels-last (NHWC) where it has convolutions,
+    which run the faster NHWC kernels (cuDNN's on a GPU, oneDNN's on a CPU: on a 2-core Zen 3 in fp32
+    the CPU config's training step took 1.16-1.25x the images per second, its inference
+    1.17-1.19x; `benchmarks/memory_format.py`, docs/speed.md). As they are for a network without
+    convolutions (plain patches): there the copy buys nothing at inference, and the allocator
+    keeps each step's copy (vit-train's peak memory grew with the epoch's steps). The
+    classifier's steps and `vit.metrics.predict_probabilities` (vit-eval) hand every batch over so."""
+    convolves = isinstance(network, torch.nn.Module) and any(
+        isinstance(m, torch.nn.Conv2d) for m in network.modules()
+    )
+    if images.ndim == 4 and convolves:
         return images.contiguous(memory_format=torch.channels_last)
     return images
 
