@@ -10,7 +10,8 @@ The networks: configs/cifar10_cpu.yaml's ViT (its conv stem and two blocks), the
 blocks (`--model.vit.depth 0`), airbench94's CNN (`vit.cnn.AirbenchCNN`, the CPU peer's) and a ViT
 on plain patches, no convolution (configs/two_circles.yaml's, on the same 32x32 RGB images). Each
 runs three ways on the same weights and the same random batch: `nchw` (images and weights
-as PyTorch makes them), `nhwc` (the images channels-last: what vit-train does) and `nhwc+weights`
+as PyTorch makes them), `nhwc` (the images channels-last: what vit-train does for a network with
+convolutions) and `nhwc+weights`
 (the convolutions' weights channels-last too: what the teacher and the CPU peer do). One training
 step is forward, cross-entropy, backward and an AdamW step; inference is a forward pass in eval
 mode. The twelve run interleaved after a warm-up, for `--rounds` rounds; medians are reported, with
