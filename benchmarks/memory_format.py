@@ -9,10 +9,10 @@ gives every image batch.
 The networks: configs/cifar10_cpu.yaml's ViT (its conv stem and two blocks), the same without its
 blocks (`--model.vit.depth 0`), airbench94's CNN (`vit.cnn.AirbenchCNN`, the CPU peer's) and a ViT
 on plain patches, no convolution (configs/two_circles.yaml's, on the same 32x32 RGB images). Each
-runs three ways on the same weights and the same random batch: `nchw` (images and weights
-as PyTorch makes them), `nhwc` (the images channels-last: what vit-train does for a network with
-convolutions) and `nhwc+weights`
-(the convolutions' weights channels-last too: what the teacher and the CPU peer do). One training
+runs three ways on the same weights and the same random batch: `nchw` (images and weights as
+PyTorch makes them), `nhwc` (the images channels-last: what vit-train does for a network with
+convolutions) and `nhwc+weights` (the convolutions' weights channels-last too: what the teacher
+and the CPU peer do). One training
 step is forward, cross-entropy, backward and an AdamW step; inference is a forward pass in eval
 mode. The twelve run interleaved after a warm-up, for `--rounds` rounds; medians are reported, with
 the largest difference of each layout's eval logits from NCHW's (the same maths: rounding only).
@@ -24,7 +24,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 from torch import nn  # noqa: E402
 
+from benchmarks.throughput import seconds_per_call  # noqa: E402
 from lab.machine import hardware  # noqa: E402
 from vit.cnn import AirbenchCNN  # noqa: E402
 from vit.model import ViT  # noqa: E402
@@ -44,6 +44,7 @@ from vit.model import ViT  # noqa: E402
 CONFIG = ROOT / "configs" / "cifar10_cpu.yaml"
 PLAIN = ROOT / "configs" / "two_circles.yaml"
 LAYOUTS = ("nchw", "nhwc", "nhwc+weights")
+CPU = torch.device("cpu")
 
 
 def networks(smoke: bool) -> dict[str, Callable[[], nn.Module]]:
@@ -90,13 +91,6 @@ class Run:
             return self.network(self.images).float()
 
 
-def seconds(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def measure(batch: int, rounds: int, steps: int, dtype: torch.dtype, smoke: bool = False) -> dict:
     """Per network and layout: training and inference images/s (medians of `rounds` interleaved
     rounds of `steps` calls) and the largest difference of its eval logits from NCHW's."""
@@ -117,8 +111,8 @@ def measure(batch: int, rounds: int, steps: int, dtype: torch.dtype, smoke: bool
     train, infer = ({key: [] for key in runs} for _ in range(2))
     for _ in range(rounds):
         for key, run in runs.items():
-            train[key].append(seconds(run.train_step, steps))
-            infer[key].append(seconds(run.logits, steps))
+            train[key].append(seconds_per_call(run.train_step, steps, CPU))
+            infer[key].append(seconds_per_call(run.logits, steps, CPU))
     return {
         key: dict(
             train=batch / statistics.median(train[key]),
@@ -141,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.batch, args.rounds, args.steps = 2, 1, 1
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     results = measure(args.batch, args.rounds, args.steps, dtype, args.smoke)
-    print(f"{hardware(torch.device('cpu'))}; {args.precision}, batch {args.batch}, {args.rounds} rounds")
+    print(f"{hardware(CPU)}; {args.precision}, batch {args.batch}, {args.rounds} rounds")
     columns = ("train img/s", "vs nchw", "infer img/s", "vs nchw", "logits diff")
     print(f"{'network':<9} {'layout':<13} " + " ".join(f"{c:>11}" for c in columns))
     for (name, layout), r in results.items():
