@@ -324,6 +324,7 @@ def test_figure_7_of_a_conv_stem_model_leaves_out_the_pixel_filters(capsys):
     assert "no embedding_filters.png: the model's conv_stem lies" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_device_cpu_draws_what_the_default_draws(trained_checkpoint, tmp_path):
     """--device cpu computes the maps, the per-image figures and Figure 7 on the CPU: the same
     files as without it (on this machine the default, auto, is the CPU too unless it has a GPU)."""

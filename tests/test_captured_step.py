@@ -76,6 +76,7 @@ def fit(tmp_path, steps, capture: bool, policy="trivial", ema=True, vit=VIT, mod
     [("trivial", {}), ("trivial", {"optimizer": "muon"})],
     ids=["adamw", "muon"],
 )
+@pytest.mark.slow
 def test_the_whole_step_is_one_graph(tmp_path, counted, policy, model_args):
     model, _ = fit(tmp_path, 1, capture=True, policy=policy, model_args=model_args)
     step = model.captured
@@ -94,6 +95,7 @@ def test_the_whole_step_is_one_graph(tmp_path, counted, policy, model_args):
     assert any("_foreach_addcdiv_" in op or "_foreach_div" in op for op in ops)
 
 
+@pytest.mark.slow
 def test_a_new_learning_rate_or_new_draws_recompile_nothing(tmp_path, counted):
     model, trainer = fit(tmp_path, 12, capture=True)
     # compiled once before the clock (three calls) and never again in 12 steps with a warm-up
@@ -108,6 +110,7 @@ LEVERS = {"adamw": ({}, {}), "alternate_flips": ({}, {"flip": "alternate"})}
 
 
 @pytest.mark.parametrize("lever", LEVERS)
+@pytest.mark.slow
 def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
     """Same seed, same data, 12 steps each (into the second epoch): the same weights, EMA average
     and optimizer state. The captured step's draws come in the eager step's order
@@ -135,6 +138,7 @@ def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
             assert (states[0][key][name] - value).norm() <= 1e-3 * value.norm(), (key, name)
 
 
+@pytest.mark.slow
 def test_the_warm_up_before_the_clock_changes_nothing(tmp_path, counted):
     """Capturing runs three steps on random images before training: they leave the weights, the
     optimizer state and the EMA as they were."""
@@ -204,6 +208,7 @@ def test_muon_steps_in_the_graph_as_torch_muon_up_to_bf16_rounding_of_its_update
     torch.testing.assert_close(momentum, reference.state[eager]["momentum_buffer"])
 
 
+@pytest.mark.slow
 def test_the_captured_step_logs_the_eager_steps_figures_at_the_same_steps(tmp_path, counted):
     """train/loss and train/lr are read back on logging steps only (a wait for a GPU): the captured
     loop logs them at the eager loop's steps, with the eager loop's values."""

@@ -30,6 +30,7 @@ def last_value(rows: list[dict], key: str) -> float:
     return [float(r[key]) for r in rows if r.get(key)][-1]
 
 
+@pytest.mark.slow
 def test_fit_test_predict_and_attention(runs, capsys):
     cli.main(["fit", *tiny_args(runs)])
     run = runs / "tiny" / "version_0"
@@ -98,6 +99,7 @@ def test_every_config_parses(config, capsys):
     assert "model:\n  class_path: vit." in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
     from vit.commands import train
 
@@ -357,6 +359,7 @@ def test_cnn_baseline_trains_from_the_same_cli(runs):
     assert isinstance(datamodule, TwoCircles)
 
 
+@pytest.mark.slow
 def test_the_cifar10_cpu_config_at_depth_0_trains_evaluates_and_exports(runs, tmp_path, capsys):
     """configs/cifar10_cpu.yaml's control without attention, `--model.vit.depth 0`, at toy size
     (a width-32 network, a stem of 8 channels, one epoch of 32 fake CIFAR-10 images): it trains
@@ -415,6 +418,7 @@ def test_bf16_on_a_cpu_that_emulates_it_trains_in_fp32(monkeypatch, capsys, runs
     assert train.precision_for_this_cpu(None, "cpu") is None  # unset stays Lightning's default
 
 
+@pytest.mark.slow
 def test_tensorboard_logger_replaces_the_csv_one(runs):
     """`--trainer.logger TensorBoardLogger` (the tensorboard extra) keeps the config's folder and
     name and writes TensorBoard's event file instead of metrics.csv."""

@@ -214,6 +214,7 @@ def test_cpu_peer_schedule_follows_the_clock_with_evaluations_off_it(monkeypatch
     assert last == dict(at_minutes=1, minutes=50 / 60, steps=5, epochs=5, acc=0.5, acc_tta=0.6)
 
 
+@pytest.mark.slow
 def test_cpu_peer_smoke_reports_every_moment_of_every_seed(tmp_path, capsys):
     """`--smoke` end to end, on one thread (tiny matrices): made-up images, each seed trained for
     its budget and tested at each moment, the JSON and the table agreeing."""

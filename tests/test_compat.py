@@ -115,6 +115,7 @@ def test_a_checkpoint_whose_data_module_had_policy_groups_builds_it(trained_chec
     assert isinstance(data, ImageFolders) and data.policy is not None
 
 
+@pytest.mark.slow
 def test_a_saved_config_naming_vit_callbacks_evidence_mass_trains_with_it(tmp_path):
     """EvidenceMass lived in vit.callbacks until it moved into vit.interpret: a run's saved
     config.yaml (and configs/two_circles.yaml then) names it there, and still builds it."""

@@ -165,6 +165,7 @@ def test_tensorboard_events_without_tensorboard_say_what_to_install(tmp_path, mo
     assert status == 1 and error.endswith('reading them needs tensorboard (pip install -e ".[tensorboard]")')
 
 
+@pytest.mark.slow
 def test_a_parent_folder_holds_one_run_per_version_in_natural_order(tmp_path, capsys):
     for version in (10, 2):
         write_run(tmp_path / "runs" / "demo" / f"version_{version}")
@@ -314,6 +315,7 @@ def test_what_cannot_be_read_is_named_with_its_place(tmp_path):
         read_run(good)
 
 
+@pytest.mark.slow
 def test_every_tensorboard_event_is_read_and_logged_minutes_are_kept(tmp_path):
     """TensorBoard's reader keeps a sample of 10,000 scalars a tag unless told to keep all."""
     from torch.utils.tensorboard import SummaryWriter

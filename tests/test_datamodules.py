@@ -399,6 +399,7 @@ def train_args(root: Path, runs: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path, runs, capsys):
     root = make_folders(tmp_path / "data", per_class={"train": 8, "test": 2})
     cli.main(train_args(root, runs, "--data.mixup_alpha", "0.2"))
@@ -427,6 +428,7 @@ def test_vit_train_fits_an_image_folder_and_the_checkpoint_rebuilds_it(tmp_path,
     assert message.startswith(f"error: image folder not found: {tmp_path / 'missing' / 'train'}")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_predicts_and_draws_image_files_where_its_data_is_absent(
     tmp_path, runs, capsys, monkeypatch
 ):

@@ -12,6 +12,7 @@ from vit.commands.export import main
 from vit.export import read_folder
 
 
+@pytest.mark.slow
 def test_export_and_load_back(trained, trained_checkpoint, tmp_path, capsys):
     model, data = trained
     out = tmp_path / "exported"
@@ -79,6 +80,7 @@ def test_bad_input_is_one_line(trained_checkpoint, tmp_path, capsys):
         dict(conv_stem=(16, 32), locality_attention=True, patch_norm=True, pool="mean"),  # a conv stem
     ],
 )
+@pytest.mark.slow
 def test_onnx_export_runs_in_onnxruntime_as_in_pytorch(tmp_path, options):
     import onnxruntime
 

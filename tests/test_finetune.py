@@ -86,6 +86,7 @@ def test_the_schedule_is_the_warm_up_and_cosine_it_was():
     assert math.isclose(warmup_cosine(1.0, warmup / total, floor), floor)
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_the_cli_writes_a_checkpoint_that_stands_alone(source, tmp_path, capsys):
     model, folder = source
     runs = tmp_path / "runs"

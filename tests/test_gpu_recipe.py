@@ -199,6 +199,7 @@ def test_the_cost_of_the_recipe_adds_up_by_part():
 
 
 @pytest.mark.parametrize(("given", "mode"), [(True, "default"), ("reduce-overhead", "reduce-overhead")])
+@pytest.mark.slow
 def test_compile_takes_a_mode(tmp_path, monkeypatch, given, mode):
     """`--model.compile true` compiles in torch's default mode; a mode name (reduce-overhead:
     CUDA graphs) is passed on; anything else is one line."""

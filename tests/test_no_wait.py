@@ -68,6 +68,7 @@ class WatchSteps(Callback):
     "policy, flip, levers",  # the second with airbench's levers: alternating flips, whitening, Muon
     [("trivial", True, {}), ("randaugment", "alternate", {"optimizer": "muon", "whiten_stem": True})],
 )
+@pytest.mark.slow
 def test_training_steps_of_the_gpu_recipe_would_not_wait_for_a_gpu(tmp_path, policy, flip, levers):
     root = fake_cifar10(tmp_path / "data", per_class=24)
     mixing = dict(mixup_alpha=0.8, cutmix_alpha=1.0)
@@ -133,6 +134,7 @@ def test_shuffled_batches_come_in_the_order_a_shuffled_dataloader_draws():
     assert isinstance(shared.batch_sampler, ShuffledBatches) and len(shared) == 1
 
 
+@pytest.mark.slow
 def test_the_recipe_network_compiles_into_one_graph():
     """No graph break in the forward and backward of the GPU recipe's kind of network (conv stem,
     mean pooling, drop path) in training: a break splits the compiled step and hands control back

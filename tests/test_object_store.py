@@ -48,6 +48,7 @@ def files_under(folder: Path) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore:An item was larger than the target chunk size")
+@pytest.mark.slow
 def test_chunks_written_to_s3_stream_the_items_of_chunks_on_a_disk(s3, tmp_path, monkeypatch, capsys, cache):
     """The same objects as the files of a local write, uploaded with vit.json last, out of a
     temporary folder that is then removed; a neighbouring prefix (photos-old/) is no obstacle."""
@@ -183,6 +184,7 @@ def set_auth(server, on: bool) -> None:
     urllib.request.urlopen(request, timeout=10).close()
 
 
+@pytest.mark.slow
 def test_refused_credentials_are_one_line_and_write_nothing(own_s3_server, tmp_path, capsys):
     root = make_folders(tmp_path / "data", per_class={"train": 2})
     bucket = own_s3_server.bucket()
@@ -204,6 +206,7 @@ def test_refused_credentials_are_one_line_and_write_nothing(own_s3_server, tmp_p
     assert own_s3_server.keys(bucket) == written and "photos/vit.json" in written
 
 
+@pytest.mark.slow
 def test_vit_train_on_a_prefix_without_chunks_or_a_missing_bucket_is_one_line(s3, runs, capsys):
     bucket = s3.bucket()
     s3.client().put_object(Bucket=bucket, Key="half/train/index.json", Body=b"{}")  # an upload under way
@@ -222,6 +225,7 @@ def test_vit_train_on_a_prefix_without_chunks_or_a_missing_bucket_is_one_line(s3
         read_manifest(f"s3://{bucket}/")
 
 
+@pytest.mark.slow
 def test_vit_train_fits_on_chunks_in_s3_and_vit_eval_reads_them(s3, tmp_path, runs):
     """The whole bucket holds the chunks (no prefix); the checkpoint names the URL, from which
     vit-eval streams the test split."""

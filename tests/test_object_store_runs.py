@@ -120,6 +120,7 @@ def resume_and_compare(s3: S3Server, bucket: str, tmp_path: Path) -> None:
     assert measured["top1"] == pytest.approx(tested.trainer.callback_metrics["test/acc"].item(), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_in_a_bucket_stopped_mid_epoch_resumes_from_there_and_is_evaluated_from_there(
     s3, tmp_path, monkeypatch
 ):
@@ -147,6 +148,7 @@ def test_a_run_in_a_bucket_killed_mid_epoch_and_resumed_ends_with_the_weights_of
     resume_and_compare(s3, bucket, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_run_without_a_logger_lives_in_the_trainers_root_in_a_bucket(s3, tmp_path, monkeypatch):
     """--trainer.default_root_dir s3://... with no logger: config.yaml and checkpoints/ under that
     root; --ckpt_path last reads its checkpoints/last.ckpt (Lightning's own search for it drops
@@ -176,6 +178,7 @@ def test_a_run_without_a_logger_lives_in_the_trainers_root_in_a_bucket(s3, tmp_p
          "there is no bucket"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_a_bad_bucket_or_prefix_is_one_line_and_writes_nothing(
     s3, tmp_path, monkeypatch, capsys, where, extra, message
 ):
@@ -219,6 +222,7 @@ def refusing_s3(monkeypatch):
     server.stop()
 
 
+@pytest.mark.slow
 def test_refused_credentials_are_one_line_before_anything_runs(refusing_s3, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     bucket = refusing_s3.bucket()
@@ -252,6 +256,7 @@ def test_vit_eval_reads_checkpoints_in_a_bucket_as_safely_as_files(s3, tmp_path,
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_profile_of_a_run_in_a_bucket_is_written_there(s3, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bucket = s3.bucket()

@@ -36,11 +36,13 @@ def own(tmp_path_factory):
     sys.modules.pop("owndm", None)
 
 
+@pytest.mark.slow
 def test_vit_train_records_the_class_path_the_flag_takes(own):
     recorded = torch.load(own, weights_only=True)["datamodule_hyper_parameters"]
     assert recorded["_class_path"] == "owndm.Circles" and recorded["num_test"] == 128
 
 
+@pytest.mark.slow
 def test_the_commands_rebuild_the_data_module_the_user_names(own, tmp_path, capsys):
     eval.main(["--ckpt", own, "--datamodule", "owndm.Circles", "--out", tmp_path / "eval"])
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())

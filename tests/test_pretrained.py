@@ -147,6 +147,7 @@ def test_bad_input_is_one_line(tmp_path):
     assert not (tmp_path / "marker").exists()
 
 
+@pytest.mark.slow
 def test_timm_imagenet_heads_come_with_imagenet_class_names(tmp_path):
     source = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     weights = perturbed_weights(source, tmp_path / "w.safetensors")
@@ -254,6 +255,7 @@ def tiny_timm(tmp_path_factory):
     return source.eval(), perturbed_weights(source, folder / "vit_tiny.safetensors")
 
 
+@pytest.mark.slow
 def test_vit_eval_measures_an_imported_model_on_a_subset_of_its_classes(tiny_timm, tmp_path, capsys):
     """Class folders named by ImageNet synsets or class names, a few of the model's 1000 classes;
     a prediction of any other class is wrong."""

@@ -14,6 +14,7 @@ from vit.callbacks import Profile
 from vit.datamodules import CIFAR10
 
 
+@pytest.mark.slow
 def test_a_few_steps_are_profiled_and_reported_in_the_run_folder(tmp_path):
     root = fake_cifar10(tmp_path / "data", per_class=12)
     data = CIFAR10(root=str(root), val_size=16, batch_size=16, policy="trivial")

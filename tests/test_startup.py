@@ -28,6 +28,7 @@ def heavy_modules_imported_by(code: str) -> list[str]:
     return result.stdout.split("\n")[-2].split()
 
 
+@pytest.mark.slow
 def test_import_vit_imports_its_names_on_first_use():
     assert heavy_modules_imported_by("import vit") == []
     imported = heavy_modules_imported_by("from vit import Preparation")  # its module only

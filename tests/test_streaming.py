@@ -231,6 +231,7 @@ def test_streamed_splits_are_the_folders_prepared_as_image_folders_prepares_them
     assert [len(labels) for _, labels in chunks.train_dataloader()] == [12]  # unless it is the only one
 
 
+@pytest.mark.slow
 def test_vit_train_fits_on_streamed_chunks_and_every_command_reads_them(tmp_path, capsys):
     """The checkpoint names `vit.streaming.StreamingImages`, which the commands rebuild without
     `--datamodule` (it is the package's own); each reads the streamed test split."""
@@ -341,6 +342,7 @@ def assert_same_weights(got: dict, expected: dict) -> None:
         torch.testing.assert_close(got[name], weights, rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_a_run_resumed_mid_epoch_or_at_an_epoch_end_augments_as_one_never_stopped(tmp_path):
     """Random crops and flips, drawn from torch's random state: a run resumed from its checkpoint
     at step 5 of a 13-step epoch, or from the one written at the end of that epoch, trains on the

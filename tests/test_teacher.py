@@ -112,6 +112,7 @@ def test_the_loss_with_a_teacher_is_half_each_heads_cross_entropy(mixed):
     torch.testing.assert_close(loss, F.cross_entropy(logits, targets, label_smoothing=0.1))
 
 
+@pytest.mark.slow
 def test_a_students_checkpoint_has_no_teacher_and_evaluates_without_it(runs, tmp_path):
     """vit-train fit with a CNN teacher's checkpoint: the teacher is loaded (frozen, in eval mode,
     on the training device), kept out of the student's checkpoint, and vit-eval reads the student
@@ -144,6 +145,7 @@ def test_a_teacher_needs_a_distillation_token_and_the_datas_classes(tmp_path):
         load_teacher(tmp_path / "missing.ckpt", num_classes=4)
 
 
+@pytest.mark.slow
 def test_vit_train_refuses_a_bad_teacher_in_one_line(runs, tmp_path, capsys):
     status, message = command_error(
         cli.main, ["fit", *tiny_args(runs, "--model.teacher", "airbench")], capsys
@@ -254,6 +256,7 @@ def test_an_airbench_teacher_alternates_its_flips_by_its_own_epochs(tmp_path, mo
     assert parities == [False] * (1 + per_epoch) + [True] * per_epoch + [False]
 
 
+@pytest.mark.slow
 def test_an_airbench_teacher_trains_before_a_captured_step(tmp_path, monkeypatch):
     """A captured step augments raw batches itself, so the data module leaves them raw: the teacher
     augments its own (it trained on uint8 images before, and failed). The step is traced again at

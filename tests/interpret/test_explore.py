@@ -227,6 +227,7 @@ def command_page(trained_checkpoint, tmp_path_factory) -> Path:
     return out / "attention.html"
 
 
+@pytest.mark.slow
 def test_a_clicked_patch_shows_its_attention_in_every_layer_and_head(browser, trained, command_page):
     model, data = trained[0].model, trained[1]
     images, _, _ = spread_test_images(data, 3)  # the command's images
@@ -265,6 +266,7 @@ def test_a_clicked_patch_shows_its_attention_in_every_layer_and_head(browser, tr
         assert np.abs(shown(page, "#large") - weights[0, 2, 1, token, 1:].numpy()).max() <= error + 1e-6
 
 
+@pytest.mark.slow
 def test_rollout_and_gradient_rollout_are_the_library_s(browser, trained, command_page):
     model, data = trained[0].model, trained[1]
     images, _, _ = spread_test_images(data, 3)
@@ -402,6 +404,7 @@ def test_a_screenshot_for_the_readme(browser, command_page):
     assert SCREENSHOT.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_the_heads_grid_is_shown_when_given_and_a_click_opens_a_head(browser, trained, tmp_path):
     model = trained[0].model
     images = trained[1].split("test")[:1][0]

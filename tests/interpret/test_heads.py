@@ -268,6 +268,7 @@ def imported_models(tmp_path) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_imported_models_are_analysed_at_the_same_places(tmp_path):
     """timm's (with registers) and transformers' ViTs, as loaded: the attribution's parts sum to the
     logit, the logit lens after the last block is the model, and every head has its figures."""

@@ -131,6 +131,7 @@ def test_patch_evidence_is_the_circles_patches(trained):
     assert torch.equal(patch_evidence(model, data.evidence("test")), expected)
 
 
+@pytest.mark.slow
 def test_vit_attention_score_prints_and_writes_every_figure(trained_checkpoint, tmp_path, capsys):
     out = tmp_path / "scores"
     attention_main(
@@ -238,6 +239,7 @@ def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, opt
     assert not (tmp_path / "out").exists() and (tmp_path / "file.txt").read_text() == "the user's"
 
 
+@pytest.mark.slow
 def test_training_logs_the_evidence_mass_after_each_validation(runs):
     cli.main(["fit", *tiny_args(runs, "--trainer.max_epochs", "2")])
     with open(runs / "tiny" / "version_0" / "metrics.csv") as f:
@@ -261,6 +263,7 @@ def assert_page_file_refused(option, good, other, kind, checkpoint, tmp_path, ca
     assert not (tmp_path / "p2.html").exists()
 
 
+@pytest.mark.slow
 def test_the_page_shows_the_scores_of_vit_attention_score(trained_checkpoint, tmp_path, capsys):
     """The explore page leaves a place for these scores: `vit-attention --html --scores FILE`."""
     attention_main(["score", "--ckpt", trained_checkpoint, "--num_images", "8", "--no-sanity",
@@ -288,6 +291,7 @@ def test_score_on_image_files_leaves_out_the_evidence_and_says_why(trained_check
     assert "relevance mass" not in printed and "input-gradient" in printed
 
 
+@pytest.mark.slow
 def test_the_class_token_map_is_called_cls_as_in_vit_attention_and_the_old_name_is_read(
     trained_checkpoint, tmp_path, capsys
 ):

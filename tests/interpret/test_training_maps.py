@@ -149,6 +149,7 @@ def test_bad_choices_are_refused_before_training(tmp_path, capsys):
 @pytest.mark.parametrize(
     "network, why", [("cnn", "not a ViT"), ("depth 0", "a ViT of depth 0 has no attention to show")]
 )
+@pytest.mark.slow
 def test_a_model_without_attention_trains_on_with_one_line(tmp_path, capsys, network, why):
     """A CNN, or a ViT without blocks: each callback says in one line that it shows nothing."""
     vit = ViTConfig(preset="micro", patch_size=8, depth=0, pool="mean")
