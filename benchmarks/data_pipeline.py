@@ -20,20 +20,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
 
-from benchmarks.throughput import pick_device, seconds_per_call
-from vit.classifier import adamw
-from vit.datamodules import CIFAR10
-from vit.model import ViT
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_COPY = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
+from benchmarks.throughput import pick_device, seconds_per_call  # noqa: E402
+from vit.classifier import adamw  # noqa: E402
+from vit.datamodules import CIFAR10  # noqa: E402
+from vit.model import ViT  # noqa: E402
+
+SHARED_COPY = ROOT.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 

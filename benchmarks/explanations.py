@@ -151,7 +151,7 @@ def training(args: argparse.Namespace) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     s = commands.add_parser("speed", help="the cost of scoring")
@@ -161,7 +161,7 @@ def main() -> None:
     t = commands.add_parser("training", help="the evidence-mass figure of a run")
     t.add_argument("metrics", type=Path, help="a run's metrics.csv (with EvidenceMass on)")
     t.add_argument("--out", type=Path, default=Path("docs/two_circles_evidence_training.png"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     {"speed": speed, "training": training}[args.command](args)
 
 

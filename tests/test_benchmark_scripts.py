@@ -6,15 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_folders
+from helpers import make_folders, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    """`python benchmarks/NAME ARGS` in a subprocess, as a user runs it."""
+def run_script(name: str, *args: str, own_process: bool = False) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME ARGS` as a user runs it: in this process (`run_in_process`), or in one of
+    its own for a script that drives Chromium (Playwright's sync API will not start a second time
+    in a process, and the session's `browser` holds the first)."""
     command = [sys.executable, str(ROOT / "benchmarks" / name), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    return (subprocess.run if own_process else run_in_process)(command, capture_output=True, text=True)
 
 
 @pytest.mark.slow
@@ -77,7 +79,7 @@ def test_explore_page_benchmark_smoke(trained_checkpoint, chromium, tmp_path):
     """Both models' pages written, opened in Chromium and redrawn; one row each."""
     tiny = ["--num-images", "2", "--timm", "vit_tiny_patch16_224", "--timm-images", "1", "--queries", "2"]
     options = ["--ckpt", str(trained_checkpoint), *tiny, "--chromium", chromium, "--out", str(tmp_path)]
-    result = run_script("explore_page.py", *options)
+    result = run_script("explore_page.py", *options, own_process=True)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.startswith(("checkpoint", "timm"))]
     rows = {words[1]: words for words in lines}

@@ -2,13 +2,12 @@
 that would run code when unpickled, is one line naming the file, exit status 1, nothing written,
 and none of its code runs."""
 
-import os
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import UnsafePayload, command_error, tiny_args
+from helpers import UnsafePayload, command_error, start_training, tiny_args
 from PIL import Image
 
 from vit.commands import attention, eval, train
@@ -106,9 +105,6 @@ def test_a_run_killed_while_it_writes_leaves_last_ckpt_loadable(runs, tmp_path):
     last.ckpt loads. The system's temporary folder is put on another filesystem (/dev/shm, as a
     tmpfs /tmp is on many machines), where a file written there and moved into place is copied,
     not renamed; a checkpoint must be written beside its target and renamed over it."""
-    import signal
-    import subprocess
-    import sys
     import time
 
     from vit.checkpoint import read_checkpoint
@@ -116,25 +112,18 @@ def test_a_run_killed_while_it_writes_leaves_last_ckpt_loadable(runs, tmp_path):
     # a checkpoint of about 40 MB (weights and AdamW's moments) written after every step
     args = tiny_args(runs, "--last_checkpoint.every_n_train_steps", "1", "--trainer.max_epochs", "1000",
                      "--model.vit.preset", "s", "--model.vit.depth", "2")  # fmt: skip
-    env = {**os.environ, "TMPDIR": tempfile.mkdtemp(dir="/dev/shm")}
+    shm = tempfile.mkdtemp(dir="/dev/shm")
     last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
     for delay in (0.0, 0.05, 0.1, 0.2, 0.35, 0.5):
-        command = [
-            sys.executable,
-            "-m",
-            "vit.commands.train",
-            "fit",
-            *args,
-            "--trainer.logger.init_args.version",
-            "version_0",
-        ]
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = start_training(
+            ["fit", *args, "--trainer.logger.init_args.version", "version_0"], TMPDIR=shm
+        )
         deadline = time.monotonic() + 120
-        while not last.exists() and time.monotonic() < deadline and process.poll() is None:
+        while not last.exists() and time.monotonic() < deadline and process.is_alive():
             time.sleep(0.01)
         time.sleep(delay)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        process.kill()  # SIGKILL
+        process.join()
         assert last.exists(), "the run wrote no last.ckpt"
         checkpoint = read_checkpoint(last)  # one line (SystemExit) if truncated
         assert "state_dict" in checkpoint

@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from helpers import run_in_process
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks import gpu_check
@@ -111,9 +112,12 @@ def test_a_truncated_or_foreign_pack_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_every_step_at_toy_size(tmp_path):
+def test_the_gpu_check_runs_every_step_at_toy_size(tmp_path, monkeypatch):
     """`--smoke` on the CPU: every step runs (airbench, which needs CUDA, says why it did not), the
-    GPU recipe trains to its time budget and is evaluated, and both reports are written."""
+    GPU recipe trains to its time budget and is evaluated, and both reports are written. The
+    steps' commands of this checkout run in this process (`run_in_process`); pytest and the sweep's
+    variants are processes, as on the GPU."""
+    monkeypatch.setattr(gpu_check.subprocess, "run", run_in_process)
     out = tmp_path / "check"
     gpu_check.main(["--smoke", "--out", str(out)])
     report = json.loads((out / "gpu_report.json").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_folders
+from helpers import make_folders, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO = "two_circles/two_circles.py"
@@ -18,9 +18,10 @@ DEPTH = "two_circles_depth/two_circles_depth.py"
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    """`python studies/NAME ARGS` in a subprocess, as a user runs it."""
-    command = [sys.executable, str(ROOT / "studies" / name), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    """`python studies/NAME ARGS` as a user runs it, but in this process (`run_in_process`)."""
+    return run_in_process(
+        [sys.executable, str(ROOT / "studies" / name), *args], capture_output=True, text=True
+    )
 
 
 @pytest.mark.slow
@@ -159,13 +160,16 @@ def test_separation_curves_keep_test_and_far_images_apart():
 
 
 @pytest.mark.slow
-def test_finetune_study_smoke(tmp_path, capsys):
-    """Pretrain, export, fine-tune and train from scratch through the commands, on a few images."""
+def test_finetune_study_smoke(tmp_path, monkeypatch):
+    """Pretrain, export, fine-tune and train from scratch through the commands, on a few images
+    (the commands run in this process: `run_in_process`)."""
+    from studies.finetune import finetune
     from studies.finetune.finetune import main
     from vit.datamodules import CIFAR10_CLASSES
 
     cifar = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 4, "test": 2})
     tiny = ["--pretrain-epochs", "1", "--epochs", "1", "--per-class", "2", "--val-per-class", "2"]
+    monkeypatch.setattr(finetune.subprocess, "run", run_in_process)
     main(["--cifar", str(cifar), "--out", str(tmp_path / "out"), "--batch-size", "4", *tiny])
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| fine-tune (layer decay 0.75) | classes 5-9, 10 images | 1 (2) |" in table

@@ -78,7 +78,7 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -90,7 +90,7 @@ def main() -> None:
     )
     parser.add_argument("--table", type=Path, help="print the table of a finished OUT and stop")
     parser.add_argument("options", nargs="*", help="vit-train options for every seed, after --")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.table is not None:
         print(table(json.loads((args.table / "results.json").read_text())), end="")
         return

@@ -207,7 +207,7 @@ def run(args) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -227,7 +227,7 @@ def main() -> None:
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--jobs", type=int, default=4, help="runs at a time")
     r.add_argument("--variants", nargs="*", choices=list(VARIANTS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cost(args) if args.command == "cost" else run(args)
 
 

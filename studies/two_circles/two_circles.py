@@ -238,7 +238,7 @@ def plot(results: dict, out: Path, fields: list[int], data: dict) -> None:
     fig.savefig(out / "accuracy_vs_receptive_field.png", dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per model")
     parser.add_argument("--seeds", type=int, default=3)
@@ -253,7 +253,7 @@ def main() -> None:
         action="store_true",
         help="only rewrite the table and redraw the plots from --out/results.json",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.replot:
         record = json.loads((args.out / "results.json").read_text())
         write_table(record["results"], record["attention"], args.out / "table.md", record["args"])

@@ -240,7 +240,7 @@ def plot(results: dict, out: Path) -> None:
     fig.savefig(out / "accuracy_vs_depth.png", dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--depths", type=int, nargs="+", default=[1, 2, 3, 4, 6], help="layers L of every model"
@@ -270,7 +270,7 @@ def main() -> None:
     parser.add_argument(
         "--replot", action="store_true", help="only redraw the figure from --out/results.json"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.full:
         args.depths, args.seeds = [1, 2, 3, 4, 6, 8], sorted({*args.seeds, 0, 1})
     args.models = args.models or [name for name in names if args.full or "MLP head" not in name]
