@@ -1,5 +1,5 @@
-"""Helpers shared by the tests: CLI runs, fake image folders, an unsafe pickle, fits in one process
-or two."""
+"""Helpers shared by the tests: CLI runs (as processes, or in this one: `run_in_process`), scripts
+run as a user runs them, fake image folders, an unsafe pickle, fits in one process or two."""
 
 import contextlib
 import gzip
@@ -63,8 +63,6 @@ def run_train(
 
 
 REAL_RUN = subprocess.run
-# this project's commands (vit-train, vit-eval, ...): name -> "module:function"
-OUR_SCRIPTS = {e.name: e.value for e in entry_points(group="console_scripts") if e.value.startswith("vit.")}
 
 
 def main_of(command: list[str]):
@@ -79,8 +77,10 @@ def main_of(command: list[str]):
         if script.is_relative_to(ROOT):
             module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
             return importlib.import_module(module).main, args[1:]
-    if Path(program).name in OUR_SCRIPTS:
-        module, function = OUR_SCRIPTS[Path(program).name].split(":")
+    # this project's commands (vit-train, vit-eval, ...): name -> "module:function"
+    ours = {e.name: e.value for e in entry_points(group="console_scripts") if e.value.startswith("vit.")}
+    if Path(program).name in ours:
+        module, function = ours[Path(program).name].split(":")
         return getattr(importlib.import_module(module), function), args
     return None, None
 
@@ -114,6 +114,17 @@ def run_in_process(command, *, cwd=None, stdout=None, stderr=None, capture_outpu
             torch.set_num_threads(threads)
     captured = [s.getvalue() if isinstance(s, io.StringIO) else None for s in (out, err)]
     return subprocess.CompletedProcess(command, status, *captured)
+
+
+def run_script(script: Path, *args: str, own_process: bool = False) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` as a user runs it, its output captured: in this process
+    (`run_in_process`), or with `own_process` in one of its own, for a script that drives Chromium
+    (Playwright's sync API will not start a second time in a process, and the session's `browser`
+    holds the first)."""
+    command = [sys.executable, str(script), *args]
+    if own_process:
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    return run_in_process(command, capture_output=True, text=True)
 
 
 def start_training(args: list[str], **env: str) -> multiprocessing.Process:

@@ -1,22 +1,19 @@
 """The speed benchmarks of benchmarks/ run end to end at a tiny size and report what they say."""
 
 import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
-from helpers import make_folders, run_in_process
+from helpers import make_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, own_process: bool = False) -> subprocess.CompletedProcess:
-    """`python benchmarks/NAME ARGS` as a user runs it: in this process (`run_in_process`), or in one of
-    its own for a script that drives Chromium (Playwright's sync API will not start a second time
-    in a process, and the session's `browser` holds the first)."""
-    command = [sys.executable, str(ROOT / "benchmarks" / name), *args]
-    return (subprocess.run if own_process else run_in_process)(command, capture_output=True, text=True)
+def run_script(name: str, *args: str, **options) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME ARGS` (`helpers.run_script`)."""
+    return helpers.run_script(ROOT / "benchmarks" / name, *args, **options)
 
 
 @pytest.mark.slow

@@ -5,23 +5,21 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
-from helpers import make_folders, run_in_process
+from helpers import make_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO = "two_circles/two_circles.py"
 DEPTH = "two_circles_depth/two_circles_depth.py"
 
 
-def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    """`python studies/NAME ARGS` as a user runs it, but in this process (`run_in_process`)."""
-    return run_in_process(
-        [sys.executable, str(ROOT / "studies" / name), *args], capture_output=True, text=True
-    )
+def run_script(name: str, *args: str, **options) -> subprocess.CompletedProcess:
+    """`python studies/NAME ARGS` (`helpers.run_script`)."""
+    return helpers.run_script(ROOT / "studies" / name, *args, **options)
 
 
 @pytest.mark.slow
@@ -169,7 +167,7 @@ def test_finetune_study_smoke(tmp_path, monkeypatch):
 
     cifar = make_folders(tmp_path / "cifar", classes=CIFAR10_CLASSES, per_class={"train": 4, "test": 2})
     tiny = ["--pretrain-epochs", "1", "--epochs", "1", "--per-class", "2", "--val-per-class", "2"]
-    monkeypatch.setattr(finetune.subprocess, "run", run_in_process)
+    monkeypatch.setattr(finetune.subprocess, "run", helpers.run_in_process)
     main(["--cifar", str(cifar), "--out", str(tmp_path / "out"), "--batch-size", "4", *tiny])
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| fine-tune (layer decay 0.75) | classes 5-9, 10 images | 1 (2) |" in table

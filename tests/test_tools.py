@@ -2,21 +2,17 @@
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
-from helpers import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, own_process: bool = False) -> subprocess.CompletedProcess:
-    """`python tools/NAME ARGS` as a user runs it: in this process (`run_in_process`), or in one of
-    its own for a script that drives Chromium (Playwright's sync API will not start a second time
-    in a process, and the session's `browser` holds the first)."""
-    command = [sys.executable, str(ROOT / "tools" / name), *args]
-    return (subprocess.run if own_process else run_in_process)(command, capture_output=True, text=True)
+def run_script(name: str, *args: str, **options) -> subprocess.CompletedProcess:
+    """`python tools/NAME ARGS` (`helpers.run_script`)."""
+    return helpers.run_script(ROOT / "tools" / name, *args, **options)
 
 
 @pytest.mark.slow
