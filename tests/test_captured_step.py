@@ -17,6 +17,7 @@ from vit import ViTClassifier, ViTConfig
 from vit.callbacks import EMA
 from vit.datamodules import CIFAR10
 from vit.errors import UsageError
+from vit.optim import Muon
 from vit.step import init_state, tracing, update
 
 VIT = ViTConfig(
@@ -181,17 +182,18 @@ def test_inductor_compiles_the_step_that_trains_as_the_eager_step(tmp_path):
     assert_same_weights(captured.model, eager.model)
 
 
-def test_muon_steps_in_the_graph_as_torch_muon_up_to_bf16_rounding_of_its_update(counted):
-    """Muon's functional update traced whole: one graph, and the weights torch.optim.Muon's eager
-    step gives. Not bit for bit: with the lr a tensor, Dynamo fuses `add_(update, alpha=-lr)`
-    into one multiply-add whose product keeps the dtype of Muon's bf16 orthogonalised update,
-    so each update is rounded to bf16 (a relative 2^-8) where eager adds it in fp32."""
+def test_muon_steps_in_the_graph_as_its_eager_step_up_to_bf16_rounding_of_its_update(counted):
+    """Muon's functional update traced whole: one graph, and the weights `vit.optim.Muon`'s eager
+    step gives. Not bit for bit where bf16 is native: with the lr a tensor, Dynamo fuses
+    `add_(update, alpha=-lr)` into one multiply-add whose product keeps the dtype of Muon's bf16
+    orthogonalised update, so each update is rounded to bf16 (a relative 2^-8) where eager adds it
+    in fp32."""
     torch.manual_seed(0)
     start = torch.randn(32, 16)
     grads = [torch.randn(32, 16) for _ in range(3)]
     eager, captured = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
-    reference = torch.optim.Muon([eager], lr=0.02, weight_decay=0.05)
-    optimizer = torch.optim.Muon([captured], lr=torch.tensor(0.02), weight_decay=0.05)
+    reference = Muon([eager], lr=0.02, weight_decay=0.05)
+    optimizer = Muon([captured], lr=torch.tensor(0.02), weight_decay=0.05)
     init_state(optimizer)
     step = torch.compile(lambda g: update(optimizer, {captured: g}), fullgraph=True)
     for grad in grads:

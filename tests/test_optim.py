@@ -11,11 +11,13 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.overrides import TorchFunctionMode
 
+import vit.optim
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.classifier import sgd
 from vit.errors import UsageError
-from vit.optim import Combined
+from vit.optim import Combined, Muon
 
 VIT = ViTConfig(preset="micro", patch_size=8, conv_stem=[8], conv_stem_strides=[1], patch_norm=True)
 
@@ -111,6 +113,73 @@ def test_a_combined_step_is_each_optimizers_step_and_muon_orthogonalises_it():
         torch.testing.assert_close(bias, alone[1], rtol=0, atol=0)
     combined.zero_grad()
     assert weight.grad is None and bias.grad is None
+
+
+class MatmulDtypes(TorchFunctionMode):
+    """The dtypes of the matrix products called inside it (`@`, `torch.mm`, `torch.addmm`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__matmul__, torch.matmul, torch.mm, torch.addmm):
+            self.dtypes |= {a.dtype for a in args if torch.is_tensor(a)}
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_classifiers_muon_multiplies_in_bf16_only_where_bf16_is_native(tmp_path, monkeypatch, native):
+    """torch.optim.Muon runs its Newton-Schulz iterations in bf16 on any device: a CPU without
+    AVX-512 BF16 or AMX emulates those products (on a 2-core Zen 3, Muon's run trained at 124
+    images/s where AdamW's trained at 295). The classifier's Muon multiplies in bf16 where that
+    is native and in fp32 elsewhere."""
+    monkeypatch.setattr(vit.optim, "cpu_has_native_bf16", lambda: native)
+    _, trainer = fit(tmp_path, max_steps=1)
+    muon = trainer.optimizers[0].optimizers[0]
+    for group in muon.param_groups:
+        for p in group["params"]:
+            p.grad = torch.randn_like(p)
+    with MatmulDtypes() as seen:
+        muon.step()
+    assert seen.dtypes == {torch.bfloat16 if native else torch.float32}
+
+
+def newton_schulz_float64(update: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Keller Jordan's quintic iteration written out in float64, on the wide side."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = update.double().T if update.size(0) > update.size(1) else update.double()
+    x = x / x.norm()
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if update.size(0) > update.size(1) else x
+
+
+def test_muon_steps_as_torchs_with_native_bf16_and_nearer_exact_in_fp32(monkeypatch):
+    """`vit.optim.Muon` against torch.optim.Muon over three steps (momentum, Nesterov, weight
+    decay, a tall matrix): bit for bit where bf16 is native. Elsewhere its fp32 iterations are
+    within 1e-5 of the float64 ones, where torch's bf16 ones are over 1e-3 off."""
+    torch.manual_seed(0)
+    start, grads = torch.randn(48, 24), [torch.randn(48, 24) for _ in range(3)]
+    update, coefficients = grads[0] + torch.randn(48, 24), (3.4445, -4.7750, 2.0315)
+    exact = newton_schulz_float64(update)
+    torch_bf16 = torch.optim._muon._zeropower_via_newtonschulz(update, coefficients, 5, 1e-7)
+    assert (torch_bf16 - exact).abs().max() > 1e-3
+    assert (vit.optim.orthogonalise(update, coefficients, 5, 1e-7, torch.float32) - exact).abs().max() < 1e-5
+    for native in (True, False):
+        monkeypatch.setattr(vit.optim, "cpu_has_native_bf16", lambda native=native: native)
+        w, reference = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+        options = dict(lr=0.02, weight_decay=0.05)
+        optimizers = [Muon([w], **options), torch.optim.Muon([reference], **options)]
+        assert optimizers[0].ns_dtype == (torch.bfloat16 if native else torch.float32)
+        for grad in grads:
+            w.grad, reference.grad = grad.clone(), grad.clone()
+            for optimizer in optimizers:
+                optimizer.step()
+        moved = (reference - start).abs().max()
+        difference = (w - reference).abs().max()
+        assert difference == 0 if native else 0 < difference < moved * 2**-5, (native, difference, moved)
 
 
 def test_combined_state_dict_round_trips_both_optimizers():

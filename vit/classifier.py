@@ -22,7 +22,7 @@ from vit.config import ViTConfig
 from vit.errors import UsageError, require
 from vit.layers import first_conv, whiten_
 from vit.model import ViT
-from vit.optim import Combined, block_matrices
+from vit.optim import Combined, Muon, block_matrices
 from vit.preparation import for_the_device, to_float
 from vit.pretrained import for_finetuning
 from vit.step import CapturedStep
@@ -398,7 +398,7 @@ class Classifier(L.LightningModule):
             matrices = block_matrices(self.model)
             require(bool(matrices), "optimizer=muon needs transformer blocks (a ViT of depth 1 or more)")
             muon_lr = torch.tensor(hp.muon_lr, device=self.device) if captured else hp.muon_lr
-            muon = torch.optim.Muon(
+            muon = Muon(
                 matrices.values(), lr=muon_lr, momentum=hp.muon_momentum, weight_decay=hp.weight_decay
             )
             rest = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, exclude=matrices, tensor_lr=captured)

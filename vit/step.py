@@ -8,8 +8,8 @@ to read; this one computes the same thing in a form a compiler can take whole:
 - the gradients come from `torch.autograd.grad` (traced by Dynamo's `trace_autograd_ops`), not
   `.backward()` into `.grad`: the optimizer's `step()` breaks the graph on purpose (its
   `_use_grad` decorator) and on any pending `.grad` write;
-- the update is torch's own functional form of the optimizer's algorithm
-  (`torch.optim.adam.adam`, `torch.optim._muon.muon`) on the optimizer's state tensors, so
+- the update is the functional form of the optimizer's algorithm (torch's `adam`, and
+  `vit.optim.muon`, which `vit.optim.Muon` steps with) on the optimizer's state tensors, so
   checkpoints hold the same optimizer state as an eager run's;
 - the learning rate is a tensor in each param group, which the scheduler fills in place
   (`LRScheduler` does so for tensors), and the EMA's step count a tensor: neither recompiles;
@@ -27,6 +27,7 @@ import torch
 from torch.optim.adam import adam
 
 from vit.errors import UsageError
+from vit.optim import muon, muon_options
 
 
 def optimizers_of(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
@@ -68,15 +69,8 @@ def update(optimizer: torch.optim.Optimizer, grads: dict[torch.Tensor, torch.Ten
             params = group["params"]
             state = [each.state[p] for p in params]
             if type(each).__name__ == "Muon":  # torch >= 2.9
-                from torch.optim._muon import muon
-
-                muon(
-                    params, [grads[p] for p in params], [s["momentum_buffer"] for s in state],
-                    lr=group["lr"], weight_decay=group["weight_decay"], momentum=group["momentum"],
-                    nesterov=group["nesterov"], ns_coefficients=group["ns_coefficients"],
-                    ns_steps=group["ns_steps"], eps=group["eps"], adjust_lr_fn=group["adjust_lr_fn"],
-                    has_complex=False,
-                )  # fmt: skip
+                buffers = [s["momentum_buffer"] for s in state]
+                muon(params, [grads[p] for p in params], buffers, **muon_options(each, group))
                 continue
             beta1, beta2 = group["betas"]
             adam(

@@ -36,6 +36,7 @@ from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_misma
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
 from vit.errors import DataError, UsageError, one_line
+from vit.optim import cpu_has_native_bf16
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
@@ -87,10 +88,6 @@ def quiet_lightning():
 
 class Parser(OneLineErrors, LightningArgumentParser):
     """vit-train's parser."""
-
-
-def cpu_has_native_bf16() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | int | None:
