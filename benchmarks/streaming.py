@@ -88,10 +88,16 @@ def peak_megabytes(module: str, *args: str) -> float:
 
 
 def memory(
-    sizes: list[int], image_size: int, work: Path, chunk_bytes: str = "64MB", s3: str | None = None
+    sizes: list[int],
+    image_size: int,
+    work: Path,
+    chunk_bytes: str = "64MB",
+    s3: str | None = None,
+    peak=peak_megabytes,
 ) -> dict[str, dict[int, float]]:
     """Peak MB of vit-train (one epoch) and vit-eval, per data module and size (see the
-    module's docstring)."""
+    module's docstring); `peak(module, *args)` measures one run (a fresh Python, as users start
+    them)."""
     from vit.streaming import write_chunks
 
     modules = {
@@ -118,11 +124,9 @@ def memory(
                 "--trainer.logger.init_args.save_dir", str(runs),
                 "--trainer.logger.init_args.name", short.replace(" ", "_"),
             ]  # fmt: skip
-            peaks.setdefault(f"vit-train, {short}", {})[count] = peak_megabytes("vit.commands.train", *train)
+            peaks.setdefault(f"vit-train, {short}", {})[count] = peak("vit.commands.train", *train)
             ckpt = runs / short.replace(" ", "_") / "version_0" / "checkpoints" / "last.ckpt"
-            peaks.setdefault(f"vit-eval, {short}", {})[count] = peak_megabytes(
-                "vit.commands.eval", "--ckpt", str(ckpt)
-            )
+            peaks.setdefault(f"vit-eval, {short}", {})[count] = peak("vit.commands.eval", "--ckpt", str(ckpt))
     return peaks
 
 

@@ -127,16 +127,21 @@ def run_script(script: Path, *args: str, own_process: bool = False) -> subproces
     return run_in_process(command, capture_output=True, text=True)
 
 
-def start_training(args: list[str], **env: str) -> multiprocessing.Process:
-    """`vit-train ARGS` started in a process of its own, with `env` set there, for tests that kill
-    runs: forked from a server process that imported vit-train's modules once (multiprocessing's
-    forkserver), so that each run skips Python's start and imports (12 s on a 2-core Zen 3). Its
-    output is dropped."""
+def forked(target, *args) -> multiprocessing.Process:
+    """`target(*args)` started in a process of its own, forked from a server process that imported
+    vit-train's and vit-eval's modules once (multiprocessing's forkserver), so that each process
+    skips Python's start and imports (12 s on a 2-core Zen 3)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["vit.commands.train"])  # before the server starts, not after
-    process = context.Process(target=train_quietly, args=(args, env))
+    context.set_forkserver_preload(["vit.commands.train", "vit.commands.eval"])  # before it starts
+    process = context.Process(target=target, args=args)
     process.start()
     return process
+
+
+def start_training(args: list[str], **env: str) -> multiprocessing.Process:
+    """`vit-train ARGS` started in a forked process (`forked`), with `env` set there, for tests
+    that kill runs. Its output is dropped."""
+    return forked(train_quietly, args, env)
 
 
 def train_quietly(args: list[str], env: dict) -> None:
@@ -148,6 +153,36 @@ def train_quietly(args: list[str], env: dict) -> None:
     from vit.commands.train import main
 
     main(args)
+
+
+def forked_peak_megabytes(module: str, *args: str) -> float:
+    """`benchmarks.streaming.peak_megabytes` in a forked process (`forked`): the peak resident
+    memory in MB of `python -m MODULE ARGS`, counted from the server's at the fork (its imports,
+    the same for every run) rather than from a fresh Python's."""
+    with tempfile.TemporaryDirectory() as folder:
+        out, log = Path(folder) / "peak", Path(folder) / "log"
+        process = forked(run_for_peak, module, list(args), out, log)
+        process.join(600)
+        if process.exitcode != 0 or not out.exists():
+            process.kill()
+            output = log.read_text()[-3000:] if log.exists() else ""
+            raise RuntimeError(f"python -m {module} {' '.join(args)} failed ({process.exitcode}):\n{output}")
+        return int(out.read_text()) / 1024
+
+
+def run_for_peak(module: str, args: list[str], out: Path, log: Path) -> None:
+    """`module.main(args)` from the checkout's folder with its output in `log`; then the process's
+    peak resident memory (VmHWM, KiB) into `out`."""
+    os.chdir(ROOT)
+    tempfile.tempdir = None  # read TMPDIR again
+    with open(log, "w") as output:
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+    try:
+        importlib.import_module(module).main(args)
+    finally:  # a command that ends with SystemExit(0) has run too
+        status = Path("/proc/self/status").read_text().splitlines()
+        out.write_text(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
 
 
 # Sizes and modes the fake folders cycle through: odd sizes, grayscale, palette, alpha, RGB.
