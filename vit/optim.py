@@ -46,14 +46,13 @@ def orthogonalise(update: torch.Tensor, coefficients, steps: int, eps: float, dt
     calls, which always take bf16): `update` scaled to a spectral norm of at most 1, then `steps`
     times X <- aX + (bG + cG^2)X with G = XX^T, on the wide side."""
     a, b, c = coefficients
-    x = update.to(dtype)
-    if update.size(0) > update.size(1):
-        x = x.T
+    tall = update.size(0) > update.size(1)
+    x = update.to(dtype).T if tall else update.to(dtype)
     x = x / x.norm().clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if update.size(0) > update.size(1) else x
+    return x.T if tall else x
 
 
 def muon(
@@ -80,11 +79,24 @@ def lr_ratio(adjust_lr_fn: str | None, rows: int, columns: int) -> float:
     return math.sqrt(max(1, rows / columns))  # None or "original": Keller Jordan's
 
 
+# a Muon param group's options that `muon` takes
+MUON_OPTIONS = (
+    "lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "ns_steps", "eps", "adjust_lr_fn",
+)  # fmt: skip
+
+
 def muon_options(optimizer: torch.optim.Optimizer, group: dict) -> dict:
     """What `muon` takes for a param group of `optimizer` (a `Muon`, or torch's: bf16 iterations)."""
-    names = ["lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "ns_steps", "eps"]
-    options = {name: group[name] for name in [*names, "adjust_lr_fn"]}
-    return {**options, "dtype": getattr(optimizer, "ns_dtype", torch.bfloat16)}
+    dtype = getattr(optimizer, "ns_dtype", torch.bfloat16)
+    return {**{name: group[name] for name in MUON_OPTIONS}, "dtype": dtype}
+
+
+def closure_loss(closure) -> torch.Tensor | None:
+    """An optimizer step's `closure()` with gradients on, as torch's optimizers call it; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 class Muon(torch.optim.Muon):
@@ -99,13 +111,13 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            buffers = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+            for p in params:
+                if "momentum_buffer" not in self.state[p]:  # made once, not at every step
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            buffers = [self.state[p]["momentum_buffer"] for p in params]
             muon(params, [p.grad for p in params], buffers, **muon_options(self, group))
         return loss
 
@@ -145,10 +157,7 @@ class Combined(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for optimizer in self.optimizers:
             optimizer.step()
         return loss
