@@ -79,7 +79,8 @@ def resolve_precision(precision: str) -> str:
     """The precision to train in, fp32 or bf16: `auto` is bf16 where this CPU has native bf16
     (AVX-512 BF16 or AMX), as vit-train decides; bf16 asked for on a CPU without it is fp32, with
     vit-train's one-line note (emulated bf16 is many times slower)."""
-    from vit.commands.train import cpu_has_native_bf16, precision_for_this_cpu
+    from vit.commands.train import precision_for_this_cpu
+    from vit.optim import cpu_has_native_bf16
 
     if precision == "auto":
         return "bf16" if cpu_has_native_bf16() else "fp32"

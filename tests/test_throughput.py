@@ -23,8 +23,8 @@ from benchmarks.throughput import (
     table,
 )
 from lab.peers import MODULES
-from vit.commands.train import cpu_has_native_bf16
 from vit.config import PRESETS
+from vit.optim import cpu_has_native_bf16
 
 TINY = dict(image_size=8, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0, num_classes=3)
 PEERS = [name for name, module in MODULES.items() if importlib.util.find_spec(module)]
