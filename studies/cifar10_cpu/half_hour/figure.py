@@ -29,6 +29,7 @@ LABELS = {
     "cnn_peer": "CNN peer (airbench94's network and schedule)",
     "recipe": "ViT: configs/cifar10_cpu.yaml",
     "depth0": "configs/cifar10_cpu.yaml at depth 0",
+    "depth1": "configs/cifar10_cpu.yaml with one block",
     "sgd_lr03": "ViT: SGD-Nesterov, lr 0.3",
     "sgd_lr1": "ViT: SGD-Nesterov, lr 1.0",
     "levers": "ViT: Muon, whitened stem",
