@@ -102,10 +102,10 @@ def test_every_config_parses(config, capsys):
 
 @pytest.mark.slow
 def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
-    from vit.commands import train
+    import vit.optim
 
     # as on a CPU with native bf16: elsewhere vit-train trains in 32-true (test below)
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(vit.optim, "cpu_has_native_bf16", lambda: True)
     result = cli.run(
         ["fit", *tiny_args(runs, "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1")]
     )
@@ -408,9 +408,9 @@ def test_the_cifar10_cpu_config_at_depth_0_trains_evaluates_and_exports(runs, tm
 def test_bf16_on_a_cpu_that_emulates_it_trains_in_fp32(monkeypatch, capsys, runs, native):
     """The CIFAR-10 CPU config asks for bf16-mixed; on an AVX2-only CPU that is 18x slower than
     fp32, so vit-train trains in 32-true there and says so (before: a warning, then bf16 anyway)."""
-    from vit.commands import train
+    import vit.optim
 
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(vit.optim, "cpu_has_native_bf16", lambda: native)
     args = tiny_args(runs, "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "1")
     result = cli.run(["fit", *args, "--trainer.limit_val_batches", "0"])
     assert result.trainer.precision == ("bf16-mixed" if native else "32-true")
@@ -418,9 +418,9 @@ def test_bf16_on_a_cpu_that_emulates_it_trains_in_fp32(monkeypatch, capsys, runs
     assert ("precision: 32-true" in saved) is not native  # the run's config says what it ran
     message = "no native bf16 (AVX-512 BF16 or AMX), where precision bf16-mixed is emulated"
     assert (message in capsys.readouterr().err) is not native
-    assert train.precision_for_this_cpu("32-true", "cpu") == "32-true"
-    assert train.precision_for_this_cpu("bf16-mixed", "cuda") == "bf16-mixed"
-    assert train.precision_for_this_cpu(None, "cpu") is None  # unset stays Lightning's default
+    assert cli.precision_for_this_cpu("32-true", "cpu") == "32-true"
+    assert cli.precision_for_this_cpu("bf16-mixed", "cuda") == "bf16-mixed"
+    assert cli.precision_for_this_cpu(None, "cpu") is None  # unset stays Lightning's default
 
 
 @pytest.mark.slow

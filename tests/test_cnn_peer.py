@@ -285,10 +285,8 @@ def test_cpu_peer_bad_input_is_one_line_and_trains_nothing(
 @pytest.mark.parametrize("native", [True, False])
 def test_cpu_peer_precision_is_bf16_only_where_the_cpu_has_it(native, monkeypatch, capsys):
     import vit.optim
-    from vit.commands import train
 
-    for module in (vit.optim, train):  # where `auto` and vit-train's note each look it up
-        monkeypatch.setattr(module, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(vit.optim, "cpu_has_native_bf16", lambda: native)
     assert cnn_peer_cpu.resolve_precision("auto") == ("bf16" if native else "fp32")
     assert cnn_peer_cpu.resolve_precision("fp32") == "fp32"
     capsys.readouterr()

@@ -30,13 +30,12 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from vit import storage
+from vit import optim, storage
 from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar, SameCheckpoint, log_artifact, run_folder
 from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
 from vit.errors import DataError, UsageError, one_line
-from vit.optim import cpu_has_native_bf16
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
@@ -98,7 +97,7 @@ def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | in
     say so in one line; everywhere else the precision is kept as given (None included)."""
     accelerator = str(accelerator)
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if str(precision).startswith("bf16") and on_cpu and not cpu_has_native_bf16():
+    if str(precision).startswith("bf16") and on_cpu and not optim.cpu_has_native_bf16():
         print(
             f"note: this CPU has no native bf16 (AVX-512 BF16 or AMX), where precision {precision} "
             f"is emulated and many times slower than fp32: training in 32-true",
