@@ -30,6 +30,8 @@ LABELS = {
     "recipe": "ViT: configs/cifar10_cpu.yaml",
     "depth0": "configs/cifar10_cpu.yaml at depth 0",
     "depth1": "configs/cifar10_cpu.yaml with one block",
+    "depth1_mlp1": "one block, its MLP as wide as the tokens",
+    "depth1_dim128": "one block, 128 channels",
     "sgd_lr03": "ViT: SGD-Nesterov, lr 0.3",
     "sgd_lr1": "ViT: SGD-Nesterov, lr 1.0",
     "levers": "ViT: Muon, whitened stem",
