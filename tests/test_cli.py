@@ -245,7 +245,11 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_with_the_weights_of_one_never_s
     killed_at = torch.load(last, weights_only=True)["global_step"]  # intact after the kill
     assert killed_at % 128, f"the kill should land mid-epoch, not at step {killed_at}"
     csv_path = runs / "tiny" / "version_0" / "metrics.csv"
-    rows_before = len(metrics(csv_path.parent)) if csv_path.exists() else 0
+
+    def written(rows):  # each row by its figures, whatever columns the file has
+        return [frozenset((k, v) for k, v in row.items() if v) for row in rows]
+
+    before = written(metrics(csv_path.parent)) if csv_path.exists() else []
 
     # the resumed run and the reference in this process, whose imports are done (12 s each on a
     # 2-core Zen 3): the subject is the checkpoint the killed process left
@@ -257,7 +261,8 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_with_the_weights_of_one_never_s
     assert torch.load(last, weights_only=True)["global_step"] == 256  # ran to the end
     assert not (runs / "tiny" / "version_1").exists()  # the same run, not a new one
     # the resumed process logged only steps after the checkpoint: it did not start again at 0
-    new_steps = [int(r["step"]) for r in metrics(runs / "tiny" / "version_0")[rows_before:]]
+    rows = metrics(runs / "tiny" / "version_0")
+    new_steps = [int(r["step"]) for r, w in zip(rows, written(rows), strict=True) if w not in before]
     assert new_steps and min(new_steps) > killed_at and max(new_steps) >= 250
     load_checkpoint(runs / "tiny" / "version_0" / "checkpoints" / "best.ckpt")
 
@@ -269,6 +274,50 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_with_the_weights_of_one_never_s
     assert got["global_step"] == expected["global_step"] == 256
     for name, weights in expected["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][name], weights, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_the_rows_its_metrics_csv_had(runs, tmp_path, capsys):
+    """Lightning's CSVLogger deletes metrics.csv when it opens a run's folder again: `fit
+    --ckpt_path last` puts back the rows of the steps before the checkpoint. Here a run of one
+    epoch (16 steps, its rows stamped 0-15) is trained to two; its file had, as a run killed after
+    its last checkpoint has, rows stamped 16 and later and a last line cut short. The resumed file
+    has the rows of a run never stopped: the same epochs and steps, the same figures on each row
+    (the first part's clock at its end gives way to the whole run's). A resume that fails once the
+    file is deleted (weights that do not fit the model) leaves the file as it was."""
+    run = runs / "tiny" / "version_0"
+    cli.main(["fit", *tiny_args(runs, "--trainer.max_epochs", "1")])
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    with open(run / "metrics.csv", "a") as f:
+        for step in (16, 99):  # steps after the checkpoint, which the resumed run logs again
+            past = {"epoch": "1", "step": str(step), "train/loss": "0.5"}
+            f.write(",".join(past.get(key, "") for key in header) + "\n")
+    other = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    other["state_dict"]["model.stem.weight"] = torch.zeros(3)
+    torch.save(other, runs / "other.ckpt")
+    before = metrics(run)
+    version = ["--trainer.logger.init_args.version", "0"]
+    status, message = command_error(
+        cli.main, ["fit", *tiny_args(runs, *version), "--ckpt_path", runs / "other.ckpt"], capsys
+    )
+    assert status == 1 and "the checkpoint does not fit the model" in message
+    assert metrics(run) == before
+    with open(run / "metrics.csv", "a") as f:
+        f.write("1,100,0.4")  # a line cut short
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        cli.main(["fit", *tiny_args(runs, "--trainer.max_epochs", "2"), "--ckpt_path", "last"])
+    assert not [w for w in warned if "will be deleted" in str(w.message)]  # Lightning's, were it true
+    assert not (runs / "tiny" / "version_1").exists()
+    cli.main(["fit", *tiny_args(tmp_path / "never_stopped", "--trainer.max_epochs", "2")])
+
+    def logged(rows):
+        return [(r["epoch"], r["step"], sorted(k for k, v in r.items() if v)) for r in rows]
+
+    resumed, never_stopped = metrics(run), metrics(tmp_path / "never_stopped" / "tiny" / "version_0")
+    assert {r["epoch"] for r in resumed} - {""} == {"0", "1"}
+    assert logged(resumed) == logged(never_stopped)
 
 
 @pytest.mark.parametrize(

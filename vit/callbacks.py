@@ -3,6 +3,7 @@
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
 validation; `SameCheckpoint`, which stops processes that resumed from different checkpoints;
+`ResumedMetrics`, which keeps a resumed run's metrics.csv;
 `Profile`, where a few training steps' time goes; and where a run's files go
 (`run_folder`) and reach MLflow (`log_artifact`).
 (`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
@@ -10,9 +11,12 @@ in `vit.interpret.callbacks`.)"""
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import lightning as L
@@ -408,6 +412,77 @@ class SameCheckpoint(Callback):
             f"the processes read different checkpoints ({what}): every node must read the run's "
             f"checkpoints at the same path (a shared file system, or a copy on each node; docs/cluster.md)"
         )
+
+
+class ResumedMetrics(Callback):
+    """Keeps the rows of a run's `metrics.csv` when `fit --ckpt_path` resumes the run in its own
+    folder (`--ckpt_path last`, or `--trainer.logger.init_args.version N`): the file ends with the
+    rows a run never stopped writes, in the order of their steps.
+
+    Lightning's CSVLogger deletes that file when it opens a folder that has one (it warns that
+    "previous log files ... will be deleted"), so the curves of a resumed run (`vit-curves`) would
+    start where it resumed. This callback, made before training starts, reads the rows, opens the
+    logger's folder itself and writes them all back at once (a resume that fails keeps them).
+    Once the checkpoint is restored (`on_train_start`), only the rows of steps before the
+    checkpoint's are kept: Lightning stamps a step's rows with the steps done before it, so a
+    checkpoint after k steps follows rows stamped 0 to k - 1, and rows stamped k or later, which
+    a run killed after that checkpoint had logged, are logged again. A row outside the epochs (no
+    `epoch`) at step 0 or at the checkpoint's last step, which describes a fit (its compilation
+    time, its clock at the end of training), gives way to a row of the same figures that the
+    resumed fit logs, up to `on_fit_end`. `vit-train fit` adds one for each CSVLogger whose folder
+    has a metrics.csv when it resumes from a checkpoint."""
+
+    def __init__(self, logger: CSVLogger):
+        self.logger = logger
+        self.path = storage.join(logger.log_dir, "metrics.csv")
+        self.rows = self._read()
+        self.before = float("inf")  # the first step the resumed run stamps
+        self.logged: list[dict] = []  # the rows this run has logged, as far as they are written
+        self.count = 0  # the rows of the file as this callback last wrote it
+        self._write()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.before = trainer.global_step
+        self._write(trainer)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._write(trainer)
+
+    def _read(self) -> list[dict]:
+        text = storage.read_bytes(self.path).decode() if storage.is_file(self.path) else ""
+        text = text[: text.rfind("\n") + 1]  # without a last line a killed run did not finish
+        rows = csv.DictReader(io.StringIO(text))
+        return [{k: v for k, v in row.items() if k is not None} for row in rows]  # None: extra fields
+
+    def _write(self, trainer: L.Trainer | None = None) -> None:
+        """The rows kept and those this run has logged, as the file and the logger's header."""
+        if not self.rows or (trainer is not None and not trainer.is_global_zero):  # rank 0 writes
+            return
+        writer = self.logger.experiment  # made here first: where Lightning deletes the file
+        writer.save()  # this run's rows so far, appended to the file as it was written here
+        self.logged += self._read()[self.count :]
+
+        def figures(row: dict) -> frozenset:
+            return frozenset(k for k, v in row.items() if v and k not in ("epoch", "step"))
+
+        again = Counter(figures(row) for row in self.logged if not row.get("epoch"))
+        kept = []
+        for row in reversed(self.rows):  # the latest rows give way first
+            if float(row["step"]) >= self.before:
+                continue
+            at_an_end = float(row["step"]) in (0, self.before - 1)  # a fit's first or last step
+            if not row.get("epoch") and at_an_end and again[figures(row)] > 0:
+                again[figures(row)] -= 1
+                continue
+            kept.insert(0, row)
+        rows = sorted([*kept, *self.logged], key=lambda row: float(row["step"]))  # stable
+        writer.metrics_keys[:] = sorted(set(writer.metrics_keys).union(*rows))
+        out = io.StringIO()
+        table = csv.DictWriter(out, fieldnames=writer.metrics_keys)  # as the logger appends later
+        table.writeheader()
+        table.writerows(rows)
+        storage.write_text(self.path, out.getvalue())
+        self.count = len(rows)
 
 
 class Profile(Callback):

@@ -91,11 +91,19 @@ def read_bytes(path: str | Path) -> bytes:
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """`data` into the file `path`: a local file's folders are made first; an object is one PUT
-    (no folders to make: s3fs's makedirs would create a missing bucket)."""
+    """`data` into the file `path`, whole or not at all: a local file's folders are made first,
+    and it is written beside and renamed over (`os.replace`, atomic within a filesystem), so that
+    a process killed meanwhile leaves the file as it was; an object is one PUT (no folders to
+    make: s3fs's makedirs would create a missing bucket)."""
     if not is_url(path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_bytes(data)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
         return
     fs, inner = filesystem(str(path))
     fs.pipe_file(inner, data)

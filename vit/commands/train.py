@@ -28,10 +28,19 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from vit import optim, storage
-from vit.callbacks import LastCheckpoint, ModelSummary, ProgressBar, SameCheckpoint, log_artifact, run_folder
+from vit.callbacks import (
+    LastCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    ResumedMetrics,
+    SameCheckpoint,
+    log_artifact,
+    run_folder,
+)
 from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
@@ -155,6 +164,18 @@ class ViTCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())  # a run killed while it writes keeps last.ckpt
         return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+
+    def before_fit(self) -> None:
+        """A run resumed in its own folder keeps the rows of its metrics.csv (`ResumedMetrics`),
+        without Lightning's warning that it deletes them."""
+        if self.config.fit.get("ckpt_path") is None or not self.trainer.is_global_zero:
+            return
+        for logger in self.trainer.loggers:
+            if isinstance(logger, CSVLogger) and storage.is_file(storage.join(logger.log_dir, "metrics.csv")):
+                warnings.filterwarnings(
+                    "ignore", message=f"Experiment logs directory {re.escape(logger.log_dir)} "
+                )
+                self.trainer.callbacks.append(ResumedMetrics(logger))
 
     def instantiate_classes(self) -> None:
         try:
