@@ -468,13 +468,15 @@ class ResumedMetrics(Callback):
         again = Counter(figures(row) for row in self.logged if not row.get("epoch"))
         kept = []
         for row in reversed(self.rows):  # the latest rows give way first
-            if float(row["step"]) >= self.before:
+            step, fit = float(row["step"]), figures(row)
+            if step >= self.before:
                 continue
-            at_an_end = float(row["step"]) in (0, self.before - 1)  # a fit's first or last step
-            if not row.get("epoch") and at_an_end and again[figures(row)] > 0:
-                again[figures(row)] -= 1
+            at_an_end = step in (0, self.before - 1)  # a fit's first or last step
+            if not row.get("epoch") and at_an_end and again[fit] > 0:
+                again[fit] -= 1
                 continue
-            kept.insert(0, row)
+            kept.append(row)
+        kept.reverse()
         rows = sorted([*kept, *self.logged], key=lambda row: float(row["step"]))  # stable
         writer.metrics_keys[:] = sorted(set(writer.metrics_keys).union(*rows))
         out = io.StringIO()
