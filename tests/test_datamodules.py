@@ -162,6 +162,17 @@ def test_a_corrupt_cache_is_rebuilt_with_a_warning(tmp_path, capsys):
     torch.load(cache, weights_only=True)  # rewritten whole
 
 
+def test_a_cache_the_data_folder_refuses_goes_to_the_user_folder(tmp_path, monkeypatch):
+    """A data folder whose permissions allow writing but whose cache cannot be written there (here
+    .vit-cache is a file) caches in the user's folder instead."""
+    root = make_folders(tmp_path / "data")
+    (root / ".vit-cache").write_text("not a folder")
+    monkeypatch.setattr(vit.cache, "USER_CACHE", tmp_path / "user-cache")
+    ImageFolders(str(root), image_size=4, val_size=2).setup("fit")
+    assert (root / ".vit-cache").read_text() == "not a folder"
+    assert len(list((tmp_path / "user-cache").glob("data-*/train-4x4-RGB.pt"))) == 1
+
+
 def test_read_only_data_folder_caches_in_the_user_folder(tmp_path, monkeypatch):
     root = make_folders(tmp_path / "data")
     monkeypatch.setattr(vit.cache, "USER_CACHE", tmp_path / "user-cache")

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vit.errors import one_line
+from vit.storage import atomic_file
 
 USER_CACHE = Path.home() / ".cache" / "vit"  # the cache when the data folder is read-only
 CACHE_VERSION = 1  # bump when the decoding changes, so old caches are rebuilt
@@ -54,16 +55,14 @@ def load_cache(path: Path, signature: str) -> dict | None:
 
 
 def save_cache(root: Path, name: str, cache: dict) -> Path | None:
-    """Write the cache into the first folder of `cache_folders(root)` that takes it, atomically
-    (several processes may build it at once). None if no folder does."""
+    """Write the cache into the first folder of `cache_folders(root)` that takes it, whole or not at
+    all (`atomic_file`: several processes may build it at once, and a run stopped meanwhile leaves
+    no partial file). None if no folder does."""
     for folder in cache_folders(root):
-        path = folder / name
-        tmp = folder / f".{name}.{os.getpid()}.tmp"
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            torch.save(cache, tmp)
-            os.replace(tmp, path)
-            return path
+            with atomic_file(folder / name) as temporary:
+                torch.save(cache, temporary)
+            return folder / name
         except OSError:
-            tmp.unlink(missing_ok=True)
+            continue
     return None

@@ -15,14 +15,11 @@ commands' `--datamodule`).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import io
-import os
 import pickle
 import re
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,14 +89,14 @@ def _options(cls: type) -> list[str]:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints written whole or not at all: into a temporary file beside the target, then
-    renamed over it (`os.replace`, atomic within a filesystem), so that a run killed at any
-    moment leaves the previous last.ckpt loadable. Lightning writes its temporary file in the
-    system's temporary folder and moves it into place; where that folder is another filesystem
-    (a tmpfs /tmp), the move is a copy into the target, and a kill during it left a truncated
-    last.ckpt. A URL (s3://...) is written by one PUT, which an object store shows whole or not at
-    all (it has no rename); not as Lightning writes it, which creates a missing bucket and drops a
-    PermissionError silently (`_atomic_save`). vit-train uses it unless the trainer is given
-    another CheckpointIO."""
+    renamed over it (`vit.storage.atomic_file`), so that a run killed at any moment leaves the
+    previous last.ckpt loadable, and the checkpoint is made with the mode of the files beside it.
+    Lightning writes its temporary file in the system's temporary folder and moves it into place;
+    where that folder is another filesystem (a tmpfs /tmp), the move is a copy into the target, and
+    a kill during it left a truncated last.ckpt. A URL (s3://...) is written by one PUT, which an
+    object store shows whole or not at all (it has no rename); not as Lightning writes it, which
+    creates a missing bucket and drops a PermissionError silently (`_atomic_save`). vit-train uses
+    it unless the trainer is given another CheckpointIO."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage.is_url(path):
@@ -107,18 +104,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, buffer)
             storage.write_bytes(str(path), buffer.getvalue())
             return
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "wb") as f:
-                torch.save(checkpoint, f)
-            # no fsync: a killed process loses nothing the kernel holds; a power cut is not covered
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
+        with storage.atomic_file(path) as temporary:
+            torch.save(checkpoint, temporary)
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

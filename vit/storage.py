@@ -15,8 +15,10 @@ writes their checkpoints and logs through it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from vit.errors import UsageError, one_line
@@ -90,20 +92,32 @@ def read_bytes(path: str | Path) -> bytes:
     return fs.cat_file(inner)
 
 
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """A temporary file beside the local file `path` to write into, renamed over `path` when the
+    block ends (`os.replace`, atomic within a filesystem) and removed when it raises, so that a
+    process killed or stopped meanwhile (kill -9, Ctrl-C, a full disk) leaves `path` as it was:
+    the old file whole, or none. The folders are made first. The temporary file is made as any
+    file is (the umask's mode, as the files beside it) and named by the process (two processes may
+    write one path at once: the last rename wins); a kill -9 leaves it, a dot file, behind. No
+    fsync: a killed process loses nothing the kernel holds; a power cut is not covered."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """`data` into the file `path`, whole or not at all: a local file's folders are made first,
-    and it is written beside and renamed over (`os.replace`, atomic within a filesystem), so that
-    a process killed meanwhile leaves the file as it was; an object is one PUT (no folders to
-    make: s3fs's makedirs would create a missing bucket)."""
+    """`data` into the file `path`, whole or not at all: a local file through `atomic_file`; an
+    object is one PUT, which an object store shows whole or not at all (no folders to make: s3fs's
+    makedirs would create a missing bucket)."""
     if not is_url(path):
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        with atomic_file(path) as temporary:
             temporary.write_bytes(data)
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
         return
     fs, inner = filesystem(str(path))
     fs.pipe_file(inner, data)
