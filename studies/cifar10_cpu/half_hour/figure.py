@@ -43,6 +43,7 @@ LABELS = {
     "wide_stem_depth0": "the wide stem without the blocks",
     "airbench_stem": "ViT: airbench94's first two blocks as the stem, 64 tokens",
     "airbench_stem_depth0": "airbench94's first two blocks without the ViT's",
+    "peer_sgd_lr03": "ViT: the peer's training (SGD lr 0.3, batches of 1,024)",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
