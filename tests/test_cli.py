@@ -354,6 +354,25 @@ def test_bad_input_is_one_line_error_and_leaves_nothing(
     assert not runs.exists()
 
 
+@pytest.mark.parametrize(
+    "extra, loss",
+    [([], "the validation loss"), (["--trainer.limit_val_batches", "0"], "the training loss")],
+    ids=["validated", "not-validated"],
+)
+def test_a_diverging_run_stops_with_one_line_and_writes_no_nan_checkpoint(runs, capsys, extra, loss):
+    """SGD at a learning rate far too large: the loss is nan within the first epoch. The run stops
+    at that epoch's validation, before its checkpoint, or without validation at the epoch's end,
+    rather than train on and save nan weights."""
+    options = ["--model.optimizer", "sgd", "--model.lr", "1e4", "--trainer.max_epochs", "3", *extra]
+    code, error = command_error(cli.main, ["fit", *tiny_args(runs), *options], capsys)
+    assert code == 1
+    assert error.startswith(f"error: training diverged: {loss} is nan after "), error
+    assert "(epoch 0, learning rate" in error, error
+    for path in runs.rglob("*.ckpt"):
+        weights = torch.load(path, map_location="cpu", weights_only=False)["state_dict"].values()
+        assert all(torch.isfinite(w).all() for w in weights if w.is_floating_point()), path
+
+
 @pytest.mark.slow
 def test_bad_input_from_the_command_line_is_one_line_error_and_leaves_nothing(runs, tmp_path):
     """One of the cases above end to end, as a user meets it: `python train.py` in a process of

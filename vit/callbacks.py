@@ -1,5 +1,6 @@
 """vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget;
-`LearningRate`, which logs the learning rate without stalling a GPU; a progress bar and a model
+`LearningRate`, which logs the learning rate without stalling a GPU; `FiniteLoss`, which stops a
+run whose loss has diverged; a progress bar and a model
 summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
 network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
 validation; `SameCheckpoint`, which stops processes that resumed from different checkpoints;
@@ -36,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit import compat, storage
 from vit.datamodules import every_process
-from vit.errors import DataError
+from vit.errors import DataError, TrainingDiverged
 
 
 def run_folder(trainer: L.Trainer) -> Path | str:
@@ -205,6 +206,34 @@ class LearningRate(Callback):
         if trainer.lr_scheduler_configs and logged_step(trainer, step):
             lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[-1]
             pl_module.log("train/lr", lr, on_step=True, on_epoch=False)  # ProgressBar shows it
+
+
+class FiniteLoss(Callback):
+    """Stops a run whose loss has become infinite or nan (a learning rate too large, say) with a
+    `TrainingDiverged` error, rather than train on to the end of its budget and write nan weights:
+    after each validation, before a checkpoint is written (Lightning calls checkpoint callbacks
+    last), and at the end of each training epoch. It reads figures already logged: the validation
+    loss is averaged over all processes, so every process stops together.
+    `Classifier.configure_callbacks` adds one."""
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.check(trainer, "val/loss", "the validation loss")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.check(trainer, "train/loss", "the training loss")
+
+    @staticmethod
+    def check(trainer: L.Trainer, key: str, name: str) -> None:
+        value = trainer.callback_metrics.get(key)
+        if value is None or torch.isfinite(value).all():
+            return
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+        raise TrainingDiverged(
+            f"training diverged: {name} is {value.item()} after {trainer.global_step} steps "
+            f"(epoch {trainer.current_epoch}, learning rate {float(lr):.3g}); the checkpoints written "
+            "before are kept. A lower --model.lr or a longer warm-up (--model.warmup_fraction) may train"
+        )
 
 
 class ProgressBar(RichProgressBar):

@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
-from vit.callbacks import EMA, LearningRate, budget_callbacks, logged_step, training_progress
+from vit.callbacks import EMA, FiniteLoss, LearningRate, budget_callbacks, logged_step, training_progress
 from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
@@ -342,8 +342,9 @@ class Classifier(L.LightningModule):
         return self.captured is not None and self.captured.ema is not None
 
     def configure_callbacks(self) -> list:
-        # the time budget and its clock where they are missing, and the learning rate's logging
-        return [*budget_callbacks(self.trainer), LearningRate()]
+        # the time budget and its clock where they are missing, the learning rate's logging, and a
+        # stop where the loss diverges
+        return [*budget_callbacks(self.trainer), LearningRate(), FiniteLoss()]
 
     def on_fit_start(self) -> None:
         if self.trainer.strategy.root_device.type == "cuda":

@@ -21,6 +21,10 @@ class DataNotFoundError(DataError, FileNotFoundError):
     """The data files are not where the data module was told to look."""
 
 
+class TrainingDiverged(ValueError):
+    """The loss became infinite or nan while training (exit status 1 in the commands)."""
+
+
 def require(condition: bool, message: str) -> None:
     """Raise a `UsageError` with `message` unless `condition` holds."""
     if not condition:
