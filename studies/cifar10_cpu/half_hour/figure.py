@@ -44,6 +44,7 @@ LABELS = {
     "airbench_stem": "ViT: airbench94's first two blocks as the stem, 64 tokens",
     "airbench_stem_depth0": "airbench94's first two blocks without the ViT's",
     "peer_sgd_lr03": "ViT: the peer's training (SGD lr 0.3, batches of 1,024)",
+    "peer_sgd_lr08_warm20": "the same at lr 0.8, a 20% warm-up",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
