@@ -373,6 +373,33 @@ def test_a_diverging_run_stops_with_one_line_and_writes_no_nan_checkpoint(runs, 
         assert all(torch.isfinite(w).all() for w in weights if w.is_floating_point()), path
 
 
+def test_every_process_stops_where_one_process_loss_diverged():
+    """The processes decide together: a process whose own loss is finite stops too when another's
+    is not (the strategy's decision says so), and none stops where no loss diverged."""
+    from types import SimpleNamespace
+
+    from vit.callbacks import FiniteLoss
+    from vit.errors import TrainingDiverged
+
+    def trainer(loss: float, elsewhere: bool):
+        def decide(diverged: bool, all: bool) -> bool:  # this process's and the other's
+            return (diverged and elsewhere) if all else (diverged or elsewhere)
+
+        return SimpleNamespace(
+            callback_metrics={"train/loss": torch.tensor(loss)},
+            strategy=SimpleNamespace(reduce_boolean_decision=decide),
+            optimizers=[SimpleNamespace(param_groups=[{"lr": 0.5}])],
+            global_step=7,
+            current_epoch=1,
+        )
+
+    FiniteLoss.check(trainer(1.0, elsewhere=False), "train/loss", "the training loss")
+    with pytest.raises(TrainingDiverged, match="loss is nan or infinite in another process after 7 steps"):
+        FiniteLoss.check(trainer(1.0, elsewhere=True), "train/loss", "the training loss")
+    with pytest.raises(TrainingDiverged, match=r"loss is inf after 7 steps \(epoch 1, learning rate 0.5\)"):
+        FiniteLoss.check(trainer(float("inf"), elsewhere=False), "train/loss", "the training loss")
+
+
 @pytest.mark.slow
 def test_bad_input_from_the_command_line_is_one_line_error_and_leaves_nothing(runs, tmp_path):
     """One of the cases above end to end, as a user meets it: `python train.py` in a process of

@@ -1,11 +1,10 @@
 """vit-train's callbacks beside Lightning's: `TimeBudget`, training to a wall-clock budget;
 `LearningRate`, which logs the learning rate without stalling a GPU; `FiniteLoss`, which stops a
-run whose loss has diverged; a progress bar and a model
-summary that say true things (the epoch under a time budget, the learning rate, the FLOPs of the
-network); `EMA`, a moving average of the weights; and `LastCheckpoint`, last.ckpt after every
-validation; `SameCheckpoint`, which stops processes that resumed from different checkpoints;
-`ResumedMetrics`, which keeps a resumed run's metrics.csv;
-`Profile`, where a few training steps' time goes; and where a run's files go
+run whose loss has diverged; a progress bar and a model summary that say true things (the epoch
+under a time budget, the learning rate, the FLOPs of the network); `EMA`, a moving average of the
+weights; and `LastCheckpoint`, last.ckpt after every validation; `SameCheckpoint`, which stops
+processes that resumed from different checkpoints; `ResumedMetrics`, which keeps a resumed run's
+metrics.csv; `Profile`, where a few training steps' time goes; and where a run's files go
 (`run_folder`) and reach MLflow (`log_artifact`).
 (`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
 in `vit.interpret.callbacks`.)"""
@@ -212,8 +211,8 @@ class FiniteLoss(Callback):
     """Stops a run whose loss has become infinite or nan (a learning rate too large, say) with a
     `TrainingDiverged` error, rather than train on to the end of its budget and write nan weights:
     after each validation, before a checkpoint is written (Lightning calls checkpoint callbacks
-    last), and at the end of each training epoch. It reads figures already logged: the validation
-    loss is averaged over all processes, so every process stops together.
+    last), and at the end of each training epoch. It reads the figures already logged, and the
+    processes decide together: one that stopped alone would leave the others waiting for it.
     `Classifier.configure_callbacks` adds one."""
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -226,11 +225,15 @@ class FiniteLoss(Callback):
     @staticmethod
     def check(trainer: L.Trainer, key: str, name: str) -> None:
         value = trainer.callback_metrics.get(key)
-        if value is None or torch.isfinite(value).all():
+        if value is None:  # logged at the same steps in every process
             return
+        finite = bool(torch.isfinite(value).all())
+        if not trainer.strategy.reduce_boolean_decision(not finite, all=False):
+            return
+        shown = "nan or infinite in another process" if finite else value.item()
         lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
         raise TrainingDiverged(
-            f"training diverged: {name} is {value.item()} after {trainer.global_step} steps "
+            f"training diverged: {name} is {shown} after {trainer.global_step} steps "
             f"(epoch {trainer.current_epoch}, learning rate {float(lr):.3g}); the checkpoints written "
             "before are kept. A lower --model.lr or a longer warm-up (--model.warmup_fraction) may train"
         )
