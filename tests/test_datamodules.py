@@ -365,6 +365,30 @@ def test_alternating_flips_mirror_each_image_in_exactly_one_of_two_epochs(tmp_pa
         CIFAR10(root=str(root), flip="sometimes")
 
 
+def test_crops_reflect_the_border_with_crop_padding_mode_reflect(tmp_path):
+    """Crops of images with no zero pixel: zero padding shows zeros at some borders, a reflected
+    border (airbench94's translation) never, and then every crop is a window of the image
+    reflected at its border. A padding the image is too small to reflect is refused in one line."""
+    root = make_folders(tmp_path)
+    batch = torch.randint(1, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    labels = torch.arange(64) % 3
+    zeros = ImageFolders(str(root), image_size=16, val_size=2, crop_padding=4, flip=False)
+    assert (zeros.augment(batch, labels)[0] == 0).any()
+    reflect = ImageFolders(
+        str(root), image_size=16, val_size=2, crop_padding=4, flip=False, crop_padding_mode="reflect"
+    )
+    x, _ = reflect.augment(batch, labels)
+    padded = F.pad(batch, (4,) * 4, mode="reflect").float() / 255
+    windows = padded.unfold(2, 16, 1).unfold(3, 16, 1)  # (B, C, 9, 9, 16, 16): every crop offset
+    found = (windows == x[:, :, None, None]).all(-1).all(-1).all(1)  # (B, 9, 9)
+    assert (x > 0).all() and (found.flatten(1).sum(1) >= 1).all()
+    assert len({tuple(f.nonzero()[0].tolist()) for f in found}) > 5  # offsets drawn per image
+    with pytest.raises(UsageError, match="crop_padding=16 must be under the image's size"):
+        ImageFolders(str(root), image_size=16, val_size=2, crop_padding=16, crop_padding_mode="reflect")
+    with pytest.raises(UsageError, match="crop_padding_mode='edge' must be 'constant' or 'reflect'"):
+        ImageFolders(str(root), image_size=16, val_size=2, crop_padding_mode="edge")
+
+
 @pytest.mark.parametrize(
     "mix", [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}, {"mixup_alpha": 0.2, "cutmix_alpha": 1.0}]
 )

@@ -384,7 +384,9 @@ class ImageDataModule(InMemoryDataModule):
         val_size: int | float,
         batch_size: int = 128,
         seed: int = 0,  # draws the held-out validation images
-        crop_padding: int = 4,  # random crops of the image padded by this many zero pixels; 0: none
+        crop_padding: int = 4,  # random crops of the image padded by this many pixels; 0: none
+        # the padding's pixels: zeros, or the image reflected at its border (airbench's translation)
+        crop_padding_mode: Literal["constant", "reflect"] = "constant",
         # random horizontal flips; alternate: airbench's, each image mirrored in every other epoch
         flip: bool | Literal["alternate"] = True,
         policy: Literal["none", "trivial", "randaugment"] = "none",  # each image draws its own operation
@@ -394,6 +396,10 @@ class ImageDataModule(InMemoryDataModule):
     ):
         super().__init__(batch_size, num_workers)
         require(crop_padding >= 0, f"crop_padding={crop_padding} must be >= 0")
+        require(
+            crop_padding_mode in ("constant", "reflect"),
+            f"crop_padding_mode={crop_padding_mode!r} must be 'constant' or 'reflect'",
+        )
         require(flip in (True, False, "alternate"), f"flip={flip!r} must be true, false or 'alternate'")
         require(
             policy in ("none", *POLICIES), f"unknown policy {policy!r}; choose none, {', '.join(POLICIES)}"
@@ -410,9 +416,13 @@ class ImageDataModule(InMemoryDataModule):
         self.num_classes = len(self.classes)
         height, width = preparation.size
         self.image_size = height if height == width else (height, width)
+        require(
+            crop_padding_mode == "constant" or crop_padding < min(height, width),
+            f"crop_padding={crop_padding} must be under the image's size ({height}x{width}) to reflect it",
+        )
         self.in_channels = preparation.channels
         self.val_size, self.seed = val_size, seed
-        self.crop_padding, self.flip = crop_padding, flip
+        self.crop_padding, self.crop_padding_mode, self.flip = crop_padding, crop_padding_mode, flip
         self.mirrored: torch.Tensor | None = None  # alternating flips: the even epochs' (training_data)
         self.policy = POLICIES.get(policy)
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
@@ -476,7 +486,7 @@ class ImageDataModule(InMemoryDataModule):
                 "flip=alternate needs the training loader's batches, which carry their indices",
             )
             flip = self.mirrored[indices] ^ self.odd_epoch
-        images = random_crop_flip(images, self.crop_padding, flip)
+        images = random_crop_flip(images, self.crop_padding, flip, self.crop_padding_mode)
         if self.policy is not None:
             images = self.policy(images)
         return mix(to_float(images), labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
