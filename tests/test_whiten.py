@@ -1,6 +1,7 @@
 """airbench's whitening initialisation of the conv stem's first layer (`ViTClassifier(whiten_stem=True)`,
-`vit.layers.whiten_`): at fit start, before the first step, its filters decorrelate the training
-images' patches; a resumed run keeps its checkpoint's."""
+`vit.layers.whiten_`; `CNNClassifier(arch="airbench", whiten_stem=True)`): at fit start, before the
+first step, its filters decorrelate the training images' patches; a resumed run keeps its
+checkpoint's. The ViT's filters learn on; airbench's stay, and its bias learns for 3 epochs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lab.cifar10_pack import fake_cifar10
-from vit import ViTClassifier, ViTConfig
+from vit import CNNClassifier, ViTClassifier, ViTConfig
 from vit.datamodules import CIFAR10
 from vit.errors import UsageError
 from vit.layers import WHITEN_EPS, first_conv, whiten_
@@ -122,3 +123,68 @@ def test_a_narrow_layer_takes_the_largest_components_in_pairs():
 def test_whiten_stem_is_refused_without_a_conv_stem():
     with pytest.raises(UsageError, match="whiten_stem needs a conv stem"):
         ViTClassifier(vit=ViTConfig(preset="micro", patch_size=4), whiten_stem=True)
+
+
+class AirbenchStem(Callback):
+    """The airbench stem's weight and bias as each training epoch starts, and at the end."""
+
+    def __init__(self):
+        self.weights, self.biases = [], []
+
+    def record(self, stem):
+        self.weights.append(stem.weight.detach().clone())
+        self.biases.append(stem.bias.detach().clone())
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.record(pl_module.model.stem)
+
+    def on_train_end(self, trainer, pl_module):
+        self.record(pl_module.model.stem)
+
+
+def fit_airbench(root, whiten: bool, max_epochs: int, ckpt_path=None, callbacks=()):
+    L.seed_everything(0, verbose=False)
+    data = CIFAR10(root=str(root), val_size=10, batch_size=16, crop_padding=0)
+    model = CNNClassifier(arch="airbench", width=8, optimizer="sgd", lr=0.2, whiten_stem=whiten)
+    stem = AirbenchStem()
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[stem, *callbacks],
+        default_root_dir=root.parent,
+    )  # fmt: skip
+    initial = model.model.stem.weight.detach().clone()
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return initial, stem, data.split("train").images.float() / 255
+
+
+def test_the_airbench_cnn_whitens_its_stem_freezes_it_and_trains_its_bias_for_three_epochs(tmp_path):
+    """CNNClassifier(arch="airbench", whiten_stem=True): the 24 filters of its 2x2 stem are 12
+    whose responses to the training images' 2x2 patches are uncorrelated, of variance
+    eigenvalue / (eigenvalue + 5e-4), and their negatives, and stay so through training; the bias
+    learns in epochs 0-2, not after, also in a run resumed after them (requires_grad is not in
+    the checkpoint). Without whiten_stem the filters learn; another arch is refused in one line."""
+    root = fake_cifar10(tmp_path / "data", per_class=6)
+    every_epoch = ModelCheckpoint(tmp_path / "ckpts", save_top_k=-1, save_on_train_epoch_end=True)
+    initial, stem, images = fit_airbench(root, whiten=True, max_epochs=5, callbacks=[every_epoch])
+    weights, biases = stem.weights, stem.biases  # epochs 0-4 starting, then the end
+    patches = F.unfold(images.double(), 2).transpose(1, 2).reshape(-1, 12)
+    eigenvalues = torch.linalg.eigvalsh(patches.T.cov(correction=0)).flip(0)
+    responses = patches @ weights[0][:12].flatten(1).double().T
+    torch.testing.assert_close(
+        responses.T.cov(correction=0), torch.diag(eigenvalues / (eigenvalues + 5e-4)), atol=1e-4, rtol=0
+    )
+    assert torch.equal(weights[0][12:], -weights[0][:12]) and not torch.equal(weights[0], initial)
+    assert all(torch.equal(w, weights[0]) for w in weights)
+    assert all(not torch.equal(biases[e + 1], biases[e]) for e in range(3))  # epochs 0, 1, 2 learn
+    assert torch.equal(biases[4], biases[3]) and torch.equal(biases[5], biases[3])  # 3 and 4 do not
+
+    # resumed after epoch 3 (epoch=3.ckpt): epoch 4 and 5 leave the stem as the checkpoint has it
+    checkpoint = torch.load(tmp_path / "ckpts" / "epoch=3-step=12.ckpt", weights_only=True)
+    _, resumed, _ = fit_airbench(root, whiten=True, max_epochs=6, ckpt_path=tmp_path / "ckpts" / "epoch=3-step=12.ckpt")
+    assert all(torch.equal(w, checkpoint["state_dict"]["model.stem.weight"]) for w in resumed.weights)
+    assert all(torch.equal(b, checkpoint["state_dict"]["model.stem.bias"]) for b in resumed.biases)
+
+    initial, learned, _ = fit_airbench(root, whiten=False, max_epochs=1)
+    assert not torch.equal(learned.weights[-1], initial)
+    with pytest.raises(UsageError, match="whiten_stem needs arch=airbench"):
+        CNNClassifier(arch="bag", whiten_stem=True)

@@ -26,7 +26,7 @@ from vit.optim import Combined, Muon, block_matrices
 from vit.preparation import for_the_device, to_float
 from vit.pretrained import for_finetuning
 from vit.step import CapturedStep
-from vit.teacher import Teacher, load_teacher, train_airbench
+from vit.teacher import AIRBENCH, Teacher, load_teacher, train_airbench
 
 
 def decay_groups(
@@ -250,6 +250,9 @@ class Classifier(L.LightningModule):
         muon_lr: float = 0.02,  # Muon's peak lr (Keller Jordan's default), scheduled as lr is
         muon_momentum: float = 0.95,  # Nesterov momentum of the updates Muon orthogonalises
         momentum: float = 0.9,  # optimizer=sgd's Nesterov momentum (airbench's: 0.85)
+        # at fit start, the network's first convolution whitens the patches of training images
+        # (airbench's initialisation: `whiten_stem`); a ViT needs a conv stem, a CNN arch=airbench
+        whiten_stem: bool = False,
     ):
         super().__init__()
         require(lr > 0, f"lr={lr} must be positive")
@@ -347,6 +350,8 @@ class Classifier(L.LightningModule):
         return [*budget_callbacks(self.trainer), LearningRate(), FiniteLoss()]
 
     def on_fit_start(self) -> None:
+        if self.hparams.whiten_stem and self.trainer.ckpt_path is None:  # a resumed run has its weights
+            self.whiten_stem(self.whitening_images())
         if self.trainer.strategy.root_device.type == "cuda":
             # what stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
             # it on such GPUs; the results differ from fp32's in the 4th digit)
@@ -359,6 +364,20 @@ class Classifier(L.LightningModule):
             compile_now(self)
             if self.hparams.get("capture_step"):
                 self.captured = capture(self, mode)
+
+    def whitening_images(self) -> torch.Tensor:
+        """Up to WHITEN_SAMPLE training images spread over the train split, float in [0, 1] on
+        the model's device, for `whiten_stem`."""
+        datamodule = self.trainer.datamodule
+        train = datamodule.split("train") if hasattr(datamodule, "split") else None
+        images = getattr(train, "images", None)
+        require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
+        return to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
+
+    def whiten_stem(self, images: torch.Tensor) -> None:
+        """airbench's whitening initialisation of the network's first convolution from `images`:
+        each subclass knows its network's."""
+        raise NotImplementedError
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the format's version, and how image files become model input (a checkpoint alone then
@@ -452,7 +471,6 @@ class ViTClassifier(Classifier):
         # PatchDropout's share at the end of training, linear from vit.patch_dropout over the
         # schedule (steps or time budget); None: vit.patch_dropout throughout
         patch_dropout_end: float | None = None,
-        whiten_stem: bool = False,  # at fit start, the conv stem's first layer whitens the images' patches
         pretrained: str | None = None,  # fine-tune this model (timm:NAME, hf:ID, a vit-export folder)
         weights: str | None = None,  # the pretrained model's weights file: nothing downloaded
         architecture: dict | None = None,  # recorded by fine-tuning: a ViTConfig's fields
@@ -481,7 +499,9 @@ class ViTClassifier(Classifier):
         if teacher is not None and model.head_dist is None:
             raise UsageError(f"teacher={teacher} needs vit.distilled: true")
         require(teacher_epochs >= 1, f"teacher_epochs={teacher_epochs} must be at least 1")
-        require(not whiten_stem or model.config.conv_stem, "whiten_stem needs a conv stem (vit.conv_stem)")
+        require(
+            not kwargs.get("whiten_stem") or model.config.conv_stem, "whiten_stem needs a conv stem (vit.conv_stem)"
+        )
         self.teacher: Teacher | None = None  # when fitting starts (a Teacher is no registered module)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -497,12 +517,10 @@ class ViTClassifier(Classifier):
         return (logits + distilled) / 2, (labels + answers) / 2
 
     def on_fit_start(self) -> None:
-        # the teacher and the stem first: a captured step (compiled in Classifier.on_fit_start)
-        # includes the teacher
+        # the teacher first: a captured step (compiled in Classifier.on_fit_start, after the
+        # stem's whitening) includes the teacher
         if self.hparams.teacher not in (None, "airbench"):
             self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes).to(self.device)
-        if self.hparams.whiten_stem and self.trainer.ckpt_path is None:  # a resumed run has its weights
-            self.whiten_stem()
         super().on_fit_start()
 
     def on_train_start(self) -> None:
@@ -513,15 +531,9 @@ class ViTClassifier(Classifier):
             hp = self.hparams
             self.teacher = train_airbench(self.trainer, hp.num_classes, hp.in_channels, hp.teacher_epochs)
 
-    def whiten_stem(self) -> None:
+    def whiten_stem(self, images: torch.Tensor) -> None:
         """airbench's whitening initialisation (`vit.layers.whiten_`) of the stem's first
-        convolution (`vit.layers.first_conv`), from up to WHITEN_SAMPLE training images spread over
-        the train split."""
-        datamodule = self.trainer.datamodule
-        train = datamodule.split("train") if hasattr(datamodule, "split") else None
-        images = getattr(train, "images", None)
-        require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
-        images = to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
+        convolution (`vit.layers.first_conv`), which then learns on."""
         if self.model.mean is not None:  # as the stem sees them
             images = (images - self.model.mean) / self.model.std
         whiten_(first_conv(self.model.stem), images)
@@ -541,8 +553,8 @@ class CNNClassifier(Classifier):
     every other one of stride 2, and `mlp_head` a hidden layer after pooling), `arch: resnet`
     (covers the image) or `arch: airbench` (airbench94's network, `AirbenchCNN`: blocks of
     `width`, 4 * `width`, 4 * `width` channels, airbench's 64, 256, 256 by default; its own
-    zero padding and no other option; trained here by this module's recipe, its stem learned, not
-    whitened as airbench's is)."""
+    zero padding and no other option; trained here by this module's recipe, its stem learned, or
+    with `whiten_stem` whitened and frozen as airbench's is)."""
 
     def __init__(
         self,
@@ -562,6 +574,8 @@ class CNNClassifier(Classifier):
             raise UsageError("layer_decay needs a ViT (its blocks are the layers); CNNClassifier has none")
         if kwargs.get("optimizer") == "muon":
             raise UsageError("optimizer=muon needs a ViT (Muon takes its blocks); CNNClassifier has none")
+        if kwargs.get("whiten_stem") and arch != "airbench":
+            raise UsageError("whiten_stem needs arch=airbench (its 2x2 first convolution)")
         super().__init__(num_classes, **kwargs)
         if arch == "bag":
             self.model = BagCNN(
@@ -576,3 +590,13 @@ class CNNClassifier(Classifier):
             self.model = AirbenchCNN(num_classes, in_channels, widths=(width, 4 * width, 4 * width))
         else:
             raise UsageError(f"arch must be 'bag', 'resnet' or 'airbench', got {arch!r}")
+
+    def whiten_stem(self, images: torch.Tensor) -> None:
+        """airbench's: the stem's filters whiten the 2x2 patches of `images` and stay so
+        (`AirbenchCNN.whiten`); its bias learns for the first epochs only (`on_train_epoch_start`)."""
+        self.model.whiten(images)
+
+    def on_train_epoch_start(self) -> None:
+        if self.hparams.whiten_stem:  # set each epoch: requires_grad is not in a resumed run's checkpoint
+            self.model.stem.weight.requires_grad_(False)
+            self.model.stem.bias.requires_grad_(self.current_epoch < AIRBENCH["whiten_bias_epochs"])

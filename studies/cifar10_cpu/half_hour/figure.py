@@ -46,6 +46,8 @@ LABELS = {
     "peer_sgd_lr03": "ViT: the peer's training (SGD lr 0.3, batches of 1,024)",
     "peer_sgd_lr08_warm20": "the same at lr 0.8, a 20% warm-up",
     "airbench_cnn_peer_lr05": "airbench94's network, the peer's SGD (lr 0.5), batches of 1,024",
+    "airbench_cnn_peer_schedule": "the same, airbench's schedule, translations and flips",
+    "airbench_cnn_peer_whiten": "the same, its first layer whitened and frozen",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
