@@ -48,6 +48,7 @@ LABELS = {
     "airbench_cnn_peer_lr05": "airbench94's network, the peer's SGD (lr 0.5), batches of 1,024",
     "airbench_cnn_peer_schedule": "the same, airbench's schedule, translations and flips",
     "airbench_cnn_peer_whiten": "the same, its first layer whitened and frozen",
+    "recipe_airbench_schedule": "ViT: airbench's schedule, translations and flips",
 }
 RUN = re.compile(r"(?P<variant>.+)_seed(?P<seed>\d+)")
 
