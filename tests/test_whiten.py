@@ -180,7 +180,9 @@ def test_the_airbench_cnn_whitens_its_stem_freezes_it_and_trains_its_bias_for_th
 
     # resumed after epoch 3 (epoch=3.ckpt): epoch 4 and 5 leave the stem as the checkpoint has it
     checkpoint = torch.load(tmp_path / "ckpts" / "epoch=3-step=12.ckpt", weights_only=True)
-    _, resumed, _ = fit_airbench(root, whiten=True, max_epochs=6, ckpt_path=tmp_path / "ckpts" / "epoch=3-step=12.ckpt")
+    _, resumed, _ = fit_airbench(
+        root, whiten=True, max_epochs=6, ckpt_path=tmp_path / "ckpts" / "epoch=3-step=12.ckpt"
+    )
     assert all(torch.equal(w, checkpoint["state_dict"]["model.stem.weight"]) for w in resumed.weights)
     assert all(torch.equal(b, checkpoint["state_dict"]["model.stem.bias"]) for b in resumed.biases)
 

@@ -500,7 +500,8 @@ class ViTClassifier(Classifier):
             raise UsageError(f"teacher={teacher} needs vit.distilled: true")
         require(teacher_epochs >= 1, f"teacher_epochs={teacher_epochs} must be at least 1")
         require(
-            not kwargs.get("whiten_stem") or model.config.conv_stem, "whiten_stem needs a conv stem (vit.conv_stem)"
+            not kwargs.get("whiten_stem") or model.config.conv_stem,
+            "whiten_stem needs a conv stem (vit.conv_stem)",
         )
         self.teacher: Teacher | None = None  # when fitting starts (a Teacher is no registered module)
 
