@@ -33,19 +33,25 @@ def responses(filters: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     return patches @ filters.flatten(1).double().T
 
 
+def train(root, model, callbacks, ckpt_path=None, **stop) -> torch.Tensor:
+    """Fit `model` on the made-up CIFAR-10 at `root` (batches of 16, no crops, no validation)
+    until `stop` (max_steps or max_epochs); returns the train split's images, float in [0, 1]."""
+    data = CIFAR10(root=str(root), val_size=10, batch_size=16, crop_padding=0)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, callbacks=list(callbacks), default_root_dir=root.parent, **stop,
+    )  # fmt: skip
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return data.split("train").images.float() / 255
+
+
 def fit(root, whiten: bool, max_steps: int = 1, ckpt_path=None, callbacks=(), vit=VIT):
     L.seed_everything(0, verbose=False)
-    data = CIFAR10(root=str(root), val_size=10, batch_size=16, crop_padding=0)
     model = ViTClassifier(vit=vit, whiten_stem=whiten)
     first = FirstFilters()
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[first, *callbacks],
-        default_root_dir=root.parent,
-    )  # fmt: skip
     initial = first_conv(model.model.stem).weight.detach().clone()
-    trainer.fit(model, data, ckpt_path=ckpt_path)
-    return initial, first.weight, data.split("train").images.float() / 255
+    images = train(root, model, [first, *callbacks], ckpt_path, max_steps=max_steps)
+    return initial, first.weight, images
 
 
 def assert_whitened(whitened: torch.Tensor, initial: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
@@ -144,17 +150,11 @@ class AirbenchStem(Callback):
 
 def fit_airbench(root, whiten: bool, max_epochs: int, ckpt_path=None, callbacks=()):
     L.seed_everything(0, verbose=False)
-    data = CIFAR10(root=str(root), val_size=10, batch_size=16, crop_padding=0)
     model = CNNClassifier(arch="airbench", width=8, optimizer="sgd", lr=0.2, whiten_stem=whiten)
     stem = AirbenchStem()
-    trainer = L.Trainer(
-        accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[stem, *callbacks],
-        default_root_dir=root.parent,
-    )  # fmt: skip
     initial = model.model.stem.weight.detach().clone()
-    trainer.fit(model, data, ckpt_path=ckpt_path)
-    return initial, stem, data.split("train").images.float() / 255
+    images = train(root, model, [stem, *callbacks], ckpt_path, max_epochs=max_epochs)
+    return initial, stem, images
 
 
 def test_the_airbench_cnn_whitens_its_stem_freezes_it_and_trains_its_bias_for_three_epochs(tmp_path):

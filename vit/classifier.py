@@ -598,6 +598,5 @@ class CNNClassifier(Classifier):
         self.model.whiten(images)
 
     def on_train_epoch_start(self) -> None:
-        if self.hparams.whiten_stem:  # set each epoch: requires_grad is not in a resumed run's checkpoint
-            self.model.stem.weight.requires_grad_(False)
-            self.model.stem.bias.requires_grad_(self.current_epoch < AIRBENCH["whiten_bias_epochs"])
+        if self.hparams.whiten_stem:
+            self.model.freeze_stem(self.current_epoch, AIRBENCH["whiten_bias_epochs"])

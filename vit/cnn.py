@@ -151,6 +151,13 @@ class AirbenchCNN(nn.Module):
         self.stem.bias.copy_(-weight.flatten(1) @ mean.to(weight.dtype))
         self.stem.weight.requires_grad_(False)
 
+    def freeze_stem(self, epoch: int, bias_epochs: int) -> None:
+        """The whitened stem as airbench trains it in `epoch`: its filters frozen, its bias learning
+        in the first `bias_epochs` epochs only. Set every epoch: a checkpoint does not keep
+        requires_grad, so a resumed run gets it back here."""
+        self.stem.weight.requires_grad_(False)
+        self.stem.bias.requires_grad_(epoch < bias_epochs)
+
 
 def receptive_field_of(model: nn.Module) -> int:
     """Receptive field in pixels of the last feature map, from the convolutions in order."""

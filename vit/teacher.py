@@ -107,9 +107,9 @@ class AirbenchTraining:
         self.peak_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def start_epoch(self, epoch: int) -> None:
-        """Training mode, and the stem's bias frozen from epoch `whiten_bias_epochs` on."""
+        """Training mode, and the whitened stem frozen, its bias from epoch `whiten_bias_epochs` on."""
         self.network.train()
-        self.network.stem.bias.requires_grad_(epoch < AIRBENCH["whiten_bias_epochs"])
+        self.network.freeze_stem(epoch, AIRBENCH["whiten_bias_epochs"])
 
     def step(self, images: torch.Tensor, labels: torch.Tensor, progress: float) -> torch.Tensor:
         """One optimizer step on a batch, at `progress` (0 to 1) of the schedule; the batch's
