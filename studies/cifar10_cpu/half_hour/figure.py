@@ -43,6 +43,8 @@ LABELS = {
     "wide_stem_depth0": "the wide stem without the blocks",
     "airbench_stem": "ViT: airbench94's first two blocks as the stem, 64 tokens",
     "airbench_stem_depth0": "airbench94's first two blocks without the ViT's",
+    "airbench_cnn_stem": "ViT: airbench94's three blocks as the stem, 16 tokens",
+    "airbench_cnn_stem_depth0": "airbench94's three blocks without the ViT's",
     "peer_sgd_lr03": "ViT: the peer's training (SGD lr 0.3, batches of 1,024)",
     "peer_sgd_lr08_warm20": "the same at lr 0.8, a 20% warm-up",
     "airbench_cnn_peer_lr05": "airbench94's network, the peer's SGD (lr 0.5), batches of 1,024",
