@@ -70,10 +70,10 @@ SMOKE_DEMO = [
     "--model.vit.preset", "micro", "--data.init_args.num_train", "256", "--data.init_args.num_val", "64",
     "--data.init_args.num_test", "64", "--trainer.max_epochs", "1",
 ]  # fmt: skip
+SMOKE_DATA = ["--data.init_args.batch_size", "16", "--data.init_args.val_size", "16"]  # of 80 made-up images
 SMOKE_SPEEDRUN = [
     "--model.vit.dim", "32", "--model.vit.depth", "1", "--model.vit.heads", "2",
-    "--model.vit.conv_stem", "[8, 16, 32]", "--model.compile", "false",
-    "--data.init_args.batch_size", "16", "--data.init_args.val_size", "16",
+    "--model.vit.conv_stem", "[8, 16, 32]", "--model.compile", "false", *SMOKE_DATA,
 ]  # fmt: skip
 
 

@@ -39,7 +39,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` and `vit` import from the checkout
 
-from benchmarks.gpu_check import batch_size, command_env, environment, prepare_data, python, smoke_for  # noqa: E402
+from benchmarks.gpu_check import (  # noqa: E402
+    SMOKE_DATA,
+    batch_size,
+    command_env,
+    environment,
+    prepare_data,
+    python,
+    smoke_for,
+)
 
 # the CPU proxy: the recipe's network at a quarter of its width and half its depth, batch 128, a
 # fifth of each epoch's batches (9,000 images), validated on all 5,000
@@ -103,12 +111,14 @@ def threads(parallel: int) -> int:
 class Variant:
     """One variant's commands, run one after the other in a process group of their own."""
 
-    def __init__(self, name: str, overrides: list[str], base: list[str], out: Path, parallel: int):
+    def __init__(self, name: str, overrides: list[str], base: list[str], out: Path, parallel: int,
+                 last: list[str] = ()):  # fmt: skip
+        """`last` follows the variant's overrides: the smoke's toy data sizes, which must win."""
         self.name, self.parallel, self.log = name, parallel, out / "logs" / f"{name}.log"
         self.run_dir, self.eval_dir = out / "runs" / name / "version_0", out / "eval" / name
         where = ["--trainer.logger.init_args.save_dir", str(out / "runs"), "--trainer.logger.init_args.name",
                  name, "--trainer.logger.init_args.version", "version_0"]  # fmt: skip
-        self.commands = [python("-m", "vit.commands.train", "fit", *base, *where, *overrides)]
+        self.commands = [python("-m", "vit.commands.train", "fit", *base, *where, *overrides, *last)]
         self.result = dict(overrides=overrides, status="not started", why=None)
         self.process, self.started = None, None
 
@@ -268,7 +278,9 @@ def main(argv: list[str] | None = None) -> dict:
     report = dict(command=command, config=args.config, epochs=epochs, minutes=args.minutes, seed=args.seed,
                   parallel=args.parallel, proxy=args.proxy, threads=threads(args.parallel), smoke=args.smoke,
                   environment=environment())  # fmt: skip
-    jobs = [Variant(name, overrides, base, out, args.parallel) for name, overrides in variants.items()]
+    # a variant's own batch or held-out count (1,024; 1,000) would not fit the smoke's 80 images
+    last = SMOKE_DATA if args.smoke else []
+    jobs = [Variant(name, overrides, base, out, args.parallel, last) for name, overrides in variants.items()]
     queue, running, why = list(jobs), [], None  # why: why the sweep ended before its variants
     try:
         while queue or running:

@@ -30,8 +30,9 @@ def test_a_smoke_sweep_trains_two_variants_at_once_into_one_table(tmp_path):
         assert r["paused_seconds"] >= 0 and r["checkpoint"].endswith("checkpoints/last.ckpt")
         assert "--trainer.max_epochs 1 --trainer.max_time null" in r["commands"][0]
         assert (out / "logs" / f"{name}.log").is_file()
-    assert variants["recipe"]["commands"][0].endswith("--trainer.logger.init_args.version version_0")
-    assert variants["no_policy"]["commands"][0].endswith("version_0 --data.init_args.policy none")
+    sizes = "--data.init_args.batch_size 16 --data.init_args.val_size 16"  # the smoke's, last
+    assert variants["recipe"]["commands"][0].endswith(f"--trainer.logger.init_args.version version_0 {sizes}")
+    assert variants["no_policy"]["commands"][0].endswith(f"version_0 --data.init_args.policy none {sizes}")
     assert variants["recipe"]["commands"][1].endswith(f"--out {out / 'eval' / 'recipe'}")
     assert "--model.vit.conv_stem '[8, 16, 32]'" in variants["recipe"]["commands"][0]  # quoted for a shell
     page = (out / "sweep.md").read_text()
@@ -137,6 +138,18 @@ def test_only_runs_the_named_variants_in_its_order_and_a_name_not_in_the_file_is
     with pytest.raises(SystemExit, match=re.escape("--only wide: not in ")) as error:
         gpu_sweep.main([*argv, "--only", "recipe", "wide"])
     assert str(error.value).endswith("(it has recipe, no_policy, depth0)") and "\n" not in str(error.value)
+
+
+def test_the_smokes_toy_data_sizes_win_over_a_variants_own(tmp_path):
+    """A variant with the CNN peer's batches of 1,024 and 1,000 held-out images failed its smoke:
+    they came after the smoke's sizes and do not fit its 80 made-up images. A deadline of 0 s
+    starts nothing; the commands say what each variant would run."""
+    path = tmp_path / "v.yaml"
+    path.write_text('peer: ["--data.init_args.batch_size", "1024", "--data.init_args.val_size", "1000"]\n')
+    argv = ["--smoke", "--variants", str(path), "--deadline", "0", "--out", str(tmp_path / "out")]
+    command = gpu_sweep.main(argv)["variants"]["peer"]["commands"][0]
+    assert command.endswith("--data.init_args.batch_size 16 --data.init_args.val_size 16")
+    assert "--data.init_args.val_size 1000" in command  # the variant's own, overridden
 
 
 def test_the_smoke_keeps_a_configs_number_of_stem_convolutions_so_its_strides_still_fit():
