@@ -150,17 +150,8 @@ def test_the_smokes_toy_data_sizes_win_over_a_variants_own(tmp_path):
     command = gpu_sweep.main(argv)["variants"]["peer"]["commands"][0]
     assert command.endswith("--data.init_args.batch_size 16 --data.init_args.val_size 16")
     assert "--data.init_args.val_size 1000" in command  # the variant's own, overridden
-    real = [
-        "--variants",
-        str(path),
-        "--deadline",
-        "0",
-        "--data",
-        str(tmp_path),
-        "--out",
-        str(tmp_path / "real"),
-    ]
-    command = gpu_sweep.main(real)["variants"]["peer"]["commands"][0]
+    real = ["--variants", str(path), "--deadline", "0", "--data", str(tmp_path)]
+    command = gpu_sweep.main([*real, "--out", str(tmp_path / "real")])["variants"]["peer"]["commands"][0]
     assert command.endswith("--data.init_args.val_size 1000")  # without --smoke the variant's own stand
 
 
