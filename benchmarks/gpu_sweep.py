@@ -112,7 +112,7 @@ class Variant:
     """One variant's commands, run one after the other in a process group of their own."""
 
     def __init__(self, name: str, overrides: list[str], base: list[str], out: Path, parallel: int,
-                 last: list[str] = ()):  # fmt: skip
+                 last: list[str]):  # fmt: skip
         """`last` follows the variant's overrides: the smoke's toy data sizes, which must win."""
         self.name, self.parallel, self.log = name, parallel, out / "logs" / f"{name}.log"
         self.run_dir, self.eval_dir = out / "runs" / name / "version_0", out / "eval" / name
