@@ -30,9 +30,9 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from lab.machine import cpu_name  # noqa: E402
 from vit.commands.train import run  # noqa: E402
-from vit.interpret.callbacks import AttentionMaps, EvidenceMass  # noqa: E402
 from vit.interpret.figures import training_maps  # noqa: E402
 from vit.interpret.maps import method_maps, predicted_classes  # noqa: E402
+from vit.interpret.watching import AttentionMaps, EvidenceMass  # noqa: E402
 
 TIMED = {  # the hook each callback works in
     "AttentionMaps": (AttentionMaps, "on_validation_end"),

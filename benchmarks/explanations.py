@@ -12,7 +12,7 @@ passes the protocol needs (`passes_needed`: a gradient map or a gradient pass co
 forward passes, as a backward pass costs about two).
 
 `training`: val/acc and the relevance mass of rollout and gradient rollout on the circles'
-patches (`vit.interpret.callbacks.EvidenceMass`, on in configs/two_circles.yaml) against the step.
+patches (`vit.interpret.watching.EvidenceMass`, on in configs/two_circles.yaml) against the step.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from lab.machine import cpu_name  # noqa: E402
 from vit import load_pretrained  # noqa: E402
 from vit.checkpoint import load_checkpoint  # noqa: E402
 from vit.datamodules import spread_test_images  # noqa: E402
-from vit.interpret.callbacks import EvidenceMass  # noqa: E402
 from vit.interpret.evidence import patch_evidence  # noqa: E402
 from vit.interpret.score import METHODS, evidence_mass, removal_counts, score  # noqa: E402
+from vit.interpret.watching import EvidenceMass  # noqa: E402
 from vit.plot import save_figure  # noqa: E402
 
 KEYS = ("rollout", "grad_rollout")  # EvidenceMass's metrics: val/evidence_mass_<key>
@@ -90,7 +90,7 @@ def speed(args: argparse.Namespace) -> None:
         print(f"demo model, {len(images)} test images, all {len(results['methods'])} methods, deletion and "
               f"insertion{', sanity checks' if sanity else ''}: {seconds:.1f} s")  # fmt: skip
 
-    # what vit.interpret.callbacks.EvidenceMass does after each validation, on its 64 validation images
+    # what vit.interpret.watching.EvidenceMass does after each validation, on its 64 validation images
     val, val_evidence = data.split("val")[:64][0], patch_evidence(model, data.evidence("val")[:64])
     start, rounds = time.perf_counter(), 5
     for _ in range(rounds):

@@ -88,7 +88,7 @@ def test_explore_page_benchmark_smoke(trained_checkpoint, chromium, tmp_path):
 
 def test_the_heads_benchmark_counts_the_passes_analyse_makes():
     """One intact pass, then per layer its heads, both kinds of ablation, beside an intact copy."""
-    from benchmarks.heads import needed, passes_per_image
+    from benchmarks.heads_cost import needed, passes_per_image
     from vit import ViT
 
     model = ViT(preset="micro", image_size=16, patch_size=4, num_classes=3).eval()

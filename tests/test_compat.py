@@ -2,15 +2,17 @@
 by its make_fixtures.py with the code of the commit that added them) load in every command, with
 the logits they had then."""
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from tests.helpers import ROOT
-from vit import load_pretrained
+from vit import compat, load_pretrained
 from vit.checkpoint import load_model, read_checkpoint
 from vit.commands import attention as attention_command
 from vit.commands import eval as eval_command
@@ -118,8 +120,9 @@ def test_a_checkpoint_whose_data_module_had_policy_groups_builds_it(trained_chec
 @pytest.mark.slow
 def test_a_saved_config_naming_vit_callbacks_evidence_mass_trains_with_it(tmp_path):
     """EvidenceMass lived in vit.callbacks until it moved into vit.interpret: a run's saved
-    config.yaml (and configs/two_circles.yaml then) names it there, and still builds it."""
-    from vit.interpret.callbacks import EvidenceMass
+    config.yaml (and configs/two_circles.yaml then) names it there, and still builds it; so does
+    a command line naming AttentionMaps where it lived next (vit.interpret.callbacks)."""
+    from vit.interpret.watching import AttentionMaps, EvidenceMass
 
     config = FIXTURES / "two_circles_config.yaml"
     assert "class_path: vit.callbacks.EvidenceMass" in config.read_text()
@@ -128,6 +131,19 @@ def test_a_saved_config_naming_vit_callbacks_evidence_mass_trains_with_it(tmp_pa
     args += ["--data.init_args.batch_size", "64", "--trainer.max_epochs", "1"]
     args += ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     args += ["--trainer.logger.init_args.save_dir", str(tmp_path)]
-    cli = run(args)
+    cli = run([*args, "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps"])
     assert [c for c in cli.trainer.callbacks if isinstance(c, EvidenceMass)]
+    assert [c for c in cli.trainer.callbacks if isinstance(c, AttentionMaps)]
     assert "val/evidence_mass_rollout" in cli.trainer.callback_metrics
+
+
+def test_every_moved_class_is_found_where_it_lives_now_and_old_paths_are_rewritten():
+    for new in compat.MOVED_CLASSES.values():
+        module, name = new.rsplit(".", 1)
+        assert isinstance(getattr(importlib.import_module(module), name), type), new
+    config = yaml.safe_load((FIXTURES / "two_circles_config_v2_interpret_callbacks.yaml").read_text())
+    paths = [c["class_path"] for c in compat.moved_class_paths(config)["trainer"]["callbacks"]]
+    assert paths == ["vit.interpret.watching.EvidenceMass", "vit.interpret.watching.AttentionMaps"]
+    old, new = "vit.interpret.callbacks.AttentionMaps", "vit.interpret.watching.AttentionMaps"
+    args = [f"--trainer.callbacks+={old}", f"{old}X", f"my.{old}"]  # only a whole class path
+    assert compat.moved_class_args(args) == [f"--trainer.callbacks+={new}", *args[1:]]

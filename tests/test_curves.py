@@ -28,7 +28,7 @@ trainer:
     class_path: lightning.pytorch.loggers.CSVLogger
     init_args: {{save_dir: runs, name: demo, version: {version}}}
   callbacks:
-  - class_path: vit.interpret.callbacks.EvidenceMass
+  - class_path: vit.interpret.watching.EvidenceMass
     init_args: {{num_images: {images}}}
   max_epochs: 3
 model:

@@ -12,7 +12,7 @@ from helpers import command_error, save_as_vit_train, write_image
 from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.commands.attention import main as attention_main
 from vit.errors import UsageError
-from vit.interpret import heads, patching
+from vit.interpret import activation_patching, head_analysis
 from vit.interpret.explore import explore
 from vit.interpret.hooks import record_attention, recorders
 from vit.interpret.maps import MapSpec, attention_weights, explain
@@ -102,8 +102,8 @@ def test_the_looking_tools_refuse_a_depth_0_model_in_one_line():
         "explain": lambda: explain(model, images, MapSpec("rollout")),
         "explore": lambda: explore(model, images),
         "score": lambda: score(model, images),
-        "heads": lambda: heads.analyse(model, images),
-        "patching": lambda: patching.analyse(model, images, images),
+        "heads": lambda: head_analysis.analyse(model, images),
+        "patching": lambda: activation_patching.analyse(model, images, images),
         "recorders": lambda: recorders(model, "residual"),
         "record_attention": lambda: record_attention(model, [], lambda w: w).__enter__(),
     }

@@ -242,9 +242,10 @@ def test_a_figure_without_a_source_fails_the_check(tmp_path):
     ]
 
 
-# A dotted name the docs give (vit.interpret.heads.analyse, vit.config.PRESETS) must import: a module moved
-# or a name renamed fails here, not in a reader's session. Option paths (--model.vit.depth) are not
-# names: a dot, dash or word character before "vit" leaves them out; so do file names (vit.json).
+# A dotted name the docs give (vit.interpret.head_analysis.analyse, vit.config.PRESETS) must import:
+# a module moved or a name renamed fails here, not in a reader's session. Option paths
+# (--model.vit.depth) are not names: a dot, dash or word character before "vit" leaves them out;
+# so do file names (vit.json).
 DOTTED = re.compile(r"(?<![\w.\-/])vit(?:\.[A-Za-z_]\w*)+")
 FILES = (".json", ".yaml", ".png", ".html", ".txt", ".csv", ".ckpt")
 NAMED = sorted(
@@ -272,7 +273,7 @@ def resolves(name: str) -> bool:
 
 
 def test_every_dotted_name_the_docs_give_imports():
-    assert len(NAMED) > 10 and "vit.interpret.heads.analyse" in NAMED
+    assert len(NAMED) > 10 and "vit.interpret.head_analysis.analyse" in NAMED
     assert [name for name in NAMED if not resolves(name)] == []
     assert not resolves("vit.model.PRESETS") and resolves("vit.config.PRESETS")
 

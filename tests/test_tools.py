@@ -44,7 +44,7 @@ def test_tensorboard_screenshots_show_the_first_and_the_last_pictures(chromium, 
     from PIL import Image
 
     from vit import TwoCircles, ViTClassifier, ViTConfig
-    from vit.interpret.callbacks import AttentionMaps
+    from vit.interpret.watching import AttentionMaps
 
     data = TwoCircles(num_train=64, num_val=32, num_test=32, batch_size=32)
     model = ViTClassifier(

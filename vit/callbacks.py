@@ -7,7 +7,7 @@ processes that resumed from different checkpoints; `ResumedMetrics`, which keeps
 metrics.csv; `Profile`, where a few training steps' time goes; and where a run's files go
 (`run_folder`) and reach MLflow (`log_artifact`).
 (`AttentionMaps` and `EvidenceMass`, which follow where the model's maps look while it learns, are
-in `vit.interpret.callbacks`.)"""
+in `vit.interpret.watching`.)"""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit import compat, storage
+from vit import storage
 from vit.datamodules import every_process
 from vit.errors import DataError, TrainingDiverged
 
@@ -589,8 +589,3 @@ class Profile(Callback):
             logger.log_metrics(
                 {f"profile/{k}": float(v) for k, v in self.report.items()}, trainer.global_step
             )
-
-
-def __getattr__(name: str):
-    # a class that lived here in an earlier version, as configs name it (vit.compat.MOVED_CLASSES)
-    return compat.moved_class(__name__, name)

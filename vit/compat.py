@@ -16,13 +16,13 @@ Within a version, an option that no longer exists is dropped from a checkpoint's
 group of the batch; each image draws its own now).
 
 Within a version too, a class that moved to another module keeps its old class path
-(`MOVED_CLASSES`): the old module's `__getattr__` imports it from where it lives now, so that a
-config naming it the old way (configs/, a run's saved config.yaml) still loads.
+(`MOVED_CLASSES`): vit-train reads every config value through `moved_class_paths` (a config
+file, a run's saved config.yaml, a value on the command line), so a config naming it the old way
+still loads.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 
 from vit.config import ViTConfig
@@ -41,9 +41,13 @@ CLASS_PATHS = {
 REMOVED_DATA_OPTIONS = ("policy_groups",)
 
 # Old class path -> today's, within version 2. EvidenceMass left vit.callbacks for the interpret
-# package, so that the core modules import nothing from vit.interpret.
+# package, so that the core modules import nothing from vit.interpret; then the training callbacks
+# of vit.interpret took a name of their own (vit.interpret.callbacks beside vit.callbacks read as
+# one module twice).
 MOVED_CLASSES = {
-    "vit.callbacks.EvidenceMass": "vit.interpret.callbacks.EvidenceMass",
+    "vit.callbacks.EvidenceMass": "vit.interpret.watching.EvidenceMass",
+    "vit.interpret.callbacks.EvidenceMass": "vit.interpret.watching.EvidenceMass",
+    "vit.interpret.callbacks.AttentionMaps": "vit.interpret.watching.AttentionMaps",
 }
 
 VIT_OPTIONS = {f for f in ViTConfig.__dataclass_fields__}
@@ -124,13 +128,26 @@ def export_config(config: dict) -> dict:
     return config
 
 
-def moved_class(module: str, name: str) -> type:
-    """The class that `module` held as `name` in an earlier version (`MOVED_CLASSES`), imported
-    from its module today; for any other name, the AttributeError of a name the module lacks."""
-    if (path := MOVED_CLASSES.get(f"{module}.{name}")) is None:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    new_module, new_name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(new_module), new_name)
+def moved_class_paths(value):
+    """A config value as a YAML file or a command-line value loads it, with the old class paths
+    of `MOVED_CLASSES` (a string, or a `class_path` at any depth) made today's."""
+    if isinstance(value, str):
+        return MOVED_CLASSES.get(value, value)
+    if isinstance(value, dict):
+        return {key: moved_class_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [moved_class_paths(item) for item in value]
+    return value
+
+
+def moved_class_args(args: list[str]) -> list[str]:
+    """Command-line arguments with the old class paths of `MOVED_CLASSES` made today's wherever
+    one stands whole (`--trainer.callbacks+=OLD`): jsonargparse imports a class path given on the
+    command line as it is, without the loader that reads config values."""
+    for old, new in MOVED_CLASSES.items():
+        pattern = re.compile(rf"(?<![\w.]){re.escape(old)}(?![\w.])")
+        args = [pattern.sub(new, arg) for arg in args]
+    return args
 
 
 def old_option_hint(message: str) -> str | None:

@@ -15,8 +15,14 @@ import argparse
 
 from vit.checkpoint import load_checkpoint
 from vit.datamodules import spread_test_images
+from vit.interpret.activation_patching import (
+    MIN_GAP,
+    analyse,
+    ratio_figures,
+    restored,
+    restored_ratio_of_means,
+)
 from vit.interpret.evidence import patch_evidence
-from vit.interpret.patching import MIN_GAP, analyse, ratio_figures, restored, restored_ratio_of_means
 from vit.interpret.stats import as_text, interval
 
 

@@ -1,6 +1,6 @@
 """The layering of vit/interpret/ that its __init__ states: each module imports from vit.interpret
-only the modules its line there names (`explore ... <- maps`), so heads and patching never reach
-score, and hooks, stats and figures stand on nothing of the package."""
+only the modules its line there names (`explore ... <- maps`), so head_analysis and
+activation_patching never reach score, and hooks, stats and figures stand on nothing of the package."""
 
 import ast
 import re
@@ -38,5 +38,5 @@ def test_every_module_imports_only_what_the_package_says():
     assert sorted(allowed) == modules  # the docstring has a line for every module, and only them
     for module in modules:
         assert imported(module) <= allowed[module], module
-    assert "score" not in allowed["heads"] | allowed["patching"]
+    assert "score" not in allowed["head_analysis"] | allowed["activation_patching"]
     assert not allowed["hooks"] and not allowed["stats"] and not allowed["figures"]

@@ -1,4 +1,4 @@
-"""The maps while a model trains: `vit.interpret.callbacks.AttentionMaps` (the pictures in the run
+"""The maps while a model trains: `vit.interpret.watching.AttentionMaps` (the pictures in the run
 folder, TensorBoard and MLflow), the images it picks, and the run folder it writes into."""
 
 import socket
@@ -20,9 +20,9 @@ from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.callbacks import run_folder
 from vit.commands import train as cli
 from vit.errors import UsageError
-from vit.interpret.callbacks import AttentionMaps, EvidenceMass, spread_over_classes
 from vit.interpret.figures import training_maps
 from vit.interpret.maps import method_maps
+from vit.interpret.watching import AttentionMaps, EvidenceMass, spread_over_classes
 
 
 def test_the_images_spread_over_the_classes_one_of_each_before_a_second():

@@ -1,7 +1,7 @@
 """`vit-attention heads`: which heads does the model use? Each head ablated alone (by its mean and
 by zero), each head's direct contribution to the predicted logit, the logit lens after each block,
 the high-norm tokens of each layer and, where the data knows its evidence, each head's attention
-on it beside its ablation (`vit.interpret.heads`).
+on it beside its ablation (`vit.interpret.head_analysis`).
 
     vit-attention heads --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/heads
     vit-attention heads --ckpt best.ckpt --num_images 128 --norm_ratio 8
@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from vit.commands.base import Analysis, Command, option, write_outputs
 from vit.errors import UsageError
 
-NORM_RATIO = 4.0  # vit.interpret.heads.NORM_RATIO, here so that --help needs no torch (a test checks them)
-ATTRIBUTIONS = ("difference", "centred", "logit")  # vit.interpret.heads.ATTRIBUTIONS, the first the default
+# vit.interpret.head_analysis's NORM_RATIO and ATTRIBUTIONS (the first the default), here so that
+# --help needs no torch (a test checks them)
+NORM_RATIO = 4.0
+ATTRIBUTIONS = ("difference", "centred", "logit")
 
 
 @dataclass
@@ -61,8 +63,8 @@ class HeadsOptions(Analysis):
 def heads(options: HeadsOptions) -> dict:
     """Analyse the heads of a checkpoint's ViT (or a `--model`'s) on test images or image files,
     print the tables and, with `out`, write heads.json and the figures. Returns the results
-    (`vit.interpret.heads.analyse`)."""
-    from vit.interpret.heads import analyse
+    (`vit.interpret.head_analysis.analyse`)."""
+    from vit.interpret.head_analysis import analyse
     from vit.interpret.tables import heads_table
 
     started = time.perf_counter()
@@ -91,7 +93,7 @@ def figures(results: dict) -> dict:
         logit_lens_figure,
         token_norms_figure,
     )
-    from vit.interpret.heads import ABLATIONS
+    from vit.interpret.head_analysis import ABLATIONS
 
     files = {"heads.json": json.dumps(results, indent=1)}
     files.update({f"ablation_{kind}.png": ablation_figure(results, kind) for kind in ABLATIONS})

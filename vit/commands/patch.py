@@ -1,6 +1,6 @@
 """`vit-attention patch`: which activations carry what decides the class? Activation patching
-(`vit.interpret.patching`): pairs of images that differ in it, the corrupted one run with one head's output
-or one token of the residual stream copied from the clean one's run.
+(`vit.interpret.activation_patching`): pairs of images that differ in it, the corrupted one run
+with one head's output or one token of the residual stream copied from the clean one's run.
 
     vit-attention patch --ckpt runs/demo/train/checkpoints/best.ckpt --out runs/demo/patch
     vit-attention patch --ckpt best.ckpt --corrupt random:4 --num_images 32
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from vit.model import ViT
 
 CORRUPTIONS = ("counterfactual", "resample:K", "random:K", "evidence")
-MIN_GAP = 0.1  # vit.interpret.patching.MIN_GAP, here so that --help needs no torch (a test checks them)
+# vit.interpret.activation_patching.MIN_GAP, here so that --help needs no torch (a test checks them)
+MIN_GAP = 0.1
 
 
 def parse_corrupt(corrupt: str | None) -> tuple[str | None, int | None]:
@@ -138,7 +139,7 @@ class PatchOptions(Analysis):
 
 @dataclass
 class Pairs:
-    """The clean and corrupted images that `vit.interpret.patching.analyse` patches between."""
+    """The clean and corrupted images that `vit.interpret.activation_patching.analyse` patches between."""
 
     network: ViT  # on its device
     device: str
@@ -151,9 +152,9 @@ class Pairs:
 def patch(options: PatchOptions) -> dict:
     """Patch every head and every residual-stream token of a checkpoint's ViT (or a `--model`'s)
     from clean into corrupted images, print the tables and, with `out`, write patch.json and the
-    figures. Returns the results (`vit.interpret.patching.analyse`)."""
+    figures. Returns the results (`vit.interpret.activation_patching.analyse`)."""
+    from vit.interpret.activation_patching import analyse
     from vit.interpret.figures import patching_figure, patching_tokens_figure
-    from vit.interpret.patching import analyse
 
     started = time.perf_counter()
     options.check()
@@ -215,8 +216,8 @@ def replaced_patches(inputs: Inputs, kind: str, count: int | None, seed: int) ->
     class (resample)."""
     import torch
 
+    from vit.interpret.activation_patching import random_patches, replace_patches, resample_patches
     from vit.interpret.evidence import patch_evidence
-    from vit.interpret.patching import random_patches, replace_patches, resample_patches
 
     network, clean, datamodule = inputs.model, inputs.images, inputs.datamodule
     patches = network.grid_size[0] * network.grid_size[1]

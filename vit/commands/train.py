@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from jsonargparse import get_loader, set_loader
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
@@ -30,8 +31,9 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
+from yaml import YAMLError
 
-from vit import optim, storage
+from vit import compat, optim, storage
 from vit.callbacks import (
     LastCheckpoint,
     ModelSummary,
@@ -94,8 +96,18 @@ def quiet_lightning():
             logger.removeFilter(not_chatter)
 
 
+# Every config value (a file, a run's saved config.yaml, a value on the command line) read as YAML,
+# then with the old class paths of classes that moved made today's (vit.compat)
+CONFIG_MODE = "vit"
+set_loader(CONFIG_MODE, lambda text: compat.moved_class_paths(get_loader("yaml")(text)), (YAMLError,))
+
+
 class Parser(OneLineErrors, LightningArgumentParser):
     """vit-train's parser."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("parser_mode", CONFIG_MODE)  # the subcommands' parsers are given their parent's
+        super().__init__(*args, **kwargs)
 
 
 def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | int | None:
@@ -329,7 +341,7 @@ def run(args: list[str] | None = None) -> ViTCLI:
         auto_configure_optimizers=False,
         parser_class=Parser,
         parser_kwargs={"description": DESCRIPTION},
-        args=args,
+        args=compat.moved_class_args(sys.argv[1:] if args is None else args),
     )
 
 

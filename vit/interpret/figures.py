@@ -484,7 +484,7 @@ def patching_tokens_figure(image: torch.Tensor, results: dict) -> Figure:
     return batch_figure(image.expand(len(means), *image.shape), maps, titles, title, columns=6)
 
 
-# ---- the maps while a model trains (vit.interpret.callbacks.AttentionMaps)
+# ---- the maps while a model trains (vit.interpret.watching.AttentionMaps)
 
 
 def training_maps(

@@ -368,7 +368,7 @@ def target_sensitivity(
 
 def evidence_mass(model: ViT, images: torch.Tensor, evidence: torch.Tensor, methods: Sequence[str]) -> dict:
     """The mean relevance mass of each method's maps for the predicted classes on evidence patches
-    (B, patches): what `vit.interpret.callbacks.EvidenceMass` logs while training."""
+    (B, patches): what `vit.interpret.watching.EvidenceMass` logs while training."""
     predicted = model_outputs(model, images, len(images)).argmax(-1)
     return {
         method: evidence_scores(scored_maps(model, images, method, predicted), evidence)[

@@ -1,6 +1,7 @@
 """The text tables that `vit-attention score`, `heads` and `patch` print: the results of
-`vit.interpret.score.score`, `vit.interpret.heads.analyse` and `vit.interpret.patching.analyse`,
-each figure as its mean and 95% interval (`stats.as_text`)."""
+`vit.interpret.score.score`, `vit.interpret.head_analysis.analyse` and
+`vit.interpret.activation_patching.analyse`, each figure as its mean and 95% interval
+(`stats.as_text`)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ READINGS = {  # what the attribution's parts sum to, as the tables name it
 
 
 def heads_table(results: dict) -> str:
-    """The figures of `vit.interpret.heads.analyse` as text tables: heads, other parts, logit lens, norms."""
+    """The figures of `vit.interpret.head_analysis.analyse` as text tables: heads, other parts,
+    logit lens, norms."""
     reading = READINGS[results["attribute"]]
     lines = ["", "each head: ablated alone (change, mean [95% interval]) and its direct logit attribution",
              f"(attribution: each head's direct share of {reading})"]  # fmt: skip
@@ -128,8 +130,9 @@ def looking_table(results: dict) -> list[str]:
 
 
 def patch_table(results: dict, top: int = 3) -> str:
-    """The figures of `vit.interpret.patching.analyse` as text tables: heads by layer (the ratio of means,
-    the mean of ratios beside it), and per layer the tokens that restore the most."""
+    """The figures of `vit.interpret.activation_patching.analyse` as text tables: heads by layer
+    (the ratio of means, the mean of ratios beside it), and per layer the tokens that restore the
+    most."""
     heads, tokens = results["restored"]["heads"], results["restored"]["tokens"]
     beside = results["mean_of_ratios"]
     lines = [

@@ -19,7 +19,7 @@ not).
   of each other, which it leaves out (the count is reported); single pairs with small gaps can
   swing it far.
 - The activations: each head's output (its slice of the input of `blocks[i].attn.proj`, as
-  `vit.interpret.heads` reads it) and each token of the residual stream after each block (the block's
+  `vit.interpret.head_analysis` reads it) and each token of the residual stream after each block (the block's
   output at one token position). A layer's heads, or its tokens, are patched in one batch: one
   copy of each corrupted image per head (per token), with that head (token) from the clean run.
 

@@ -88,7 +88,7 @@ class AttentionMaps(Callback):
     resumed run's strips go back to its start.
 
     Nothing runs on training steps: the maps are computed and drawn after validations, on the
-    first process only. `--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps`; on in
+    first process only. `--trainer.callbacks+=vit.interpret.watching.AttentionMaps`; on in
     configs/two_circles.yaml."""
 
     def __init__(
@@ -218,7 +218,7 @@ class EvidenceMass(Callback):
     figures before training are at step 0. Does the model look at the evidence before, while or
     after it learns the task? Data without evidence (its data module's `evidence` gives None): one
     line, nothing logged. On in configs/two_circles.yaml; elsewhere
-    `--trainer.callbacks+=vit.interpret.callbacks.EvidenceMass`."""
+    `--trainer.callbacks+=vit.interpret.watching.EvidenceMass`."""
 
     def __init__(self, num_images: int = 64, methods: tuple[str, ...] = ("rollout", "grad-rollout")):
         if num_images < 1:

@@ -1,8 +1,9 @@
-"""The cost of `vit-attention heads` (`vit.interpret.heads.analyse`): its time on a checkpoint's test images,
-and the forward passes it makes per image against those its protocol needs.
+"""The cost of `vit-attention heads` (`vit.interpret.head_analysis.analyse`): its time on a
+checkpoint's test images, and the forward passes it makes per image against those its protocol
+needs.
 
-    python benchmarks/heads.py --ckpt runs/demo/train/checkpoints/best.ckpt   # after make demo
-    python benchmarks/heads.py --ckpt best.ckpt --timm vit_small_patch16_224 --timm-images 2
+    python benchmarks/heads_cost.py --ckpt runs/demo/train/checkpoints/best.ckpt   # after make demo
+    python benchmarks/heads_cost.py --ckpt best.ckpt --timm vit_small_patch16_224 --timm-images 2
 
 The protocol needs, per image, one intact pass and one pass per head and kind of ablation (mean,
 zero): 1 + 2 x heads. `analyse` runs each layer's heads, both kinds, in one batch beside an intact
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from vit.interpret.heads import ABLATIONS, analyse
+from vit.interpret.head_analysis import ABLATIONS, analyse
 
 
 def passes_per_image(model, images: torch.Tensor, batch_size: int) -> float:

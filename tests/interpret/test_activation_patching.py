@@ -1,6 +1,6 @@
-"""Activation patching: `vit.interpret.patching`, the two-circles counterfactuals it pairs images with, and
-`vit-attention patch`. The causal claims are checked on a model set by hand, whose one working
-head is known (`test_heads.one_head_model`)."""
+"""Activation patching: `vit.interpret.activation_patching`, the two-circles counterfactuals it
+pairs images with, and `vit-attention patch`. The causal claims are checked on a model set by
+hand, whose one working head is known (`test_head_analysis.one_head_model`)."""
 
 import copy
 import json
@@ -10,11 +10,11 @@ import pytest
 import torch
 from helpers import command_error
 from PIL import Image
-from test_heads import imported_models, one_head_model
+from test_head_analysis import imported_models, one_head_model
 
 from vit.commands import patch as patch_command
 from vit.commands.attention import main as attention_main
-from vit.interpret.patching import (
+from vit.interpret.activation_patching import (
     MIN_GAP,
     activations,
     analyse,
@@ -149,16 +149,16 @@ def test_bad_input_is_one_line_and_writes_nothing(
 
 def capture_pairs(monkeypatch) -> list:
     """Record the (clean, corrupted, classes) that `vit-attention patch` hands
-    `vit.interpret.patching.analyse`, which still runs."""
-    import vit.interpret.patching
+    `vit.interpret.activation_patching.analyse`, which still runs."""
+    import vit.interpret.activation_patching
 
-    seen, real = [], vit.interpret.patching.analyse
+    seen, real = [], vit.interpret.activation_patching.analyse
 
     def recording(model, clean, corrupted, classes=None, *args, **kwargs):
         seen.append((clean.clone(), corrupted.clone(), classes))
         return real(model, clean, corrupted, classes, *args, **kwargs)
 
-    monkeypatch.setattr(vit.interpret.patching, "analyse", recording)
+    monkeypatch.setattr(vit.interpret.activation_patching, "analyse", recording)
     return seen
 
 
@@ -302,7 +302,7 @@ def test_corrupt_resample_takes_k_patches_from_other_classes(trained_checkpoint,
 
 
 def test_a_gap_of_exactly_min_gap_is_kept_and_random_patches_take_one_to_all():
-    from vit.interpret.patching import random_patches
+    from vit.interpret.activation_patching import random_patches
 
     shares = restored(
         torch.tensor([[1.0, 1.0]]), torch.tensor([2.0, 0.5]), torch.tensor([0.0, 0.0]), min_gap=0.5
@@ -407,7 +407,7 @@ def test_a_non_square_grid_is_patched_token_by_token_and_a_headless_model_is_ref
 
 def test_ratio_figures_of_one_unit_and_a_one_class_model_whose_pairs_all_share_the_class():
     from vit import ViT
-    from vit.interpret.patching import ratio_figures
+    from vit.interpret.activation_patching import ratio_figures
 
     one_unit = ratio_figures(torch.tensor(0.5), torch.tensor([0.25, 0.75]))
     assert one_unit == {"mean": 0.5, "low": 0.25, "high": 0.75}

@@ -1,6 +1,6 @@
-"""Which heads a ViT uses: `vit.interpret.heads` (ablation, direct logit attribution, logit lens, high-norm
-tokens) and `vit-attention heads`. The causal claims are checked on a model set by hand, whose
-one working head is known."""
+"""Which heads a ViT uses: `vit.interpret.head_analysis` (ablation, direct logit attribution,
+logit lens, high-norm tokens) and `vit-attention heads`. The causal claims are checked on a model
+set by hand, whose one working head is known."""
 
 import copy
 import json
@@ -14,7 +14,7 @@ from helpers import command_error
 from vit import ViT
 from vit.commands import heads as heads_command
 from vit.commands.attention import main as attention_main
-from vit.interpret.heads import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
+from vit.interpret.head_analysis import ATTRIBUTIONS, NORM_RATIO, analyse, attribution, contrast, record
 from vit.interpret.score import score
 from vit.interpret.stats import interval
 from vit.interpret.tables import READINGS
@@ -323,7 +323,7 @@ def test_mean_ablation_replaces_each_position_with_its_own_mean():
 def test_the_logit_lens_after_each_block_is_the_model_cut_after_that_block(options):
     model = perturbed_model(**options)
     images = torch.rand(5, 1, 16, 16)
-    from vit.interpret.heads import lens_logits
+    from vit.interpret.head_analysis import lens_logits
 
     lens = lens_logits(model, record(model, images).residual)
     for layer in range(len(model.blocks)):
@@ -337,7 +337,7 @@ def test_each_patch_read_alone_averages_to_the_models_reading_of_the_patch_mean(
     """The head is linear after the final norm (no fc_norm): the mean over patches of each patch's
     logits is the logit lens of a model that reads the patches' mean; the class token, set far
     from the patches, must not be among them."""
-    from vit.interpret.heads import lens_logits, patch_lens_logits
+    from vit.interpret.head_analysis import lens_logits, patch_lens_logits
 
     model = perturbed_model(pool="mean")
     with torch.no_grad():
@@ -369,7 +369,7 @@ def test_the_attention_to_high_norm_tokens_is_the_next_blocks_and_the_class_toke
 
 
 def test_the_norm_ratio_divides_by_the_median_of_the_patch_tokens_only():
-    from vit.interpret.heads import norm_ratios
+    from vit.interpret.head_analysis import norm_ratios
 
     model = ViT(preset="micro", image_size=12, patch_size=4, in_channels=1, num_classes=2, num_registers=2)
     assert model.num_prefix_tokens == 3 and model.grid_size == (3, 3)
@@ -380,7 +380,7 @@ def test_the_norm_ratio_divides_by_the_median_of_the_patch_tokens_only():
 
 
 def test_each_ablated_copy_is_measured_against_the_intact_copy():
-    from vit.interpret.heads import ablation_changes
+    from vit.interpret.head_analysis import ablation_changes
 
     logits = torch.tensor([[[2.0, 0.0]], [[0.0, 2.0]], [[0.0, 3.0]]])  # intact, then two ablated copies
     accuracy, log_p = ablation_changes(logits, torch.tensor([0]), torch.tensor([0]))
@@ -399,7 +399,7 @@ def test_two_classes_have_a_runner_up_and_the_default_is_the_difference():
 
 
 def test_the_prefix_tokens_are_named_by_kind():
-    from vit.interpret.heads import token_kinds
+    from vit.interpret.head_analysis import token_kinds
 
     kinds = {
         "class token only": ({}, ["class token"]),
@@ -471,7 +471,7 @@ def test_chunks_change_no_figure_and_the_high_norm_rows_are_per_image_means():
 
 
 def test_the_patch_lens_accuracy_counts_the_patches_read_as_the_label():
-    from vit.interpret.heads import patch_lens_logits
+    from vit.interpret.head_analysis import patch_lens_logits
 
     torch.manual_seed(0)
     model = perturbed_model(pool="mean")
@@ -519,7 +519,7 @@ def test_one_class_and_a_norm_ratio_just_above_1_are_analysed():
 
 
 def test_the_seed_reaches_the_correlations_interval_over_images():
-    from vit.interpret.heads import looking_against_using
+    from vit.interpret.head_analysis import looking_against_using
 
     g = torch.Generator().manual_seed(0)
     per_image = {  # 5 layers x 6 heads, 40 images: a correlation of 30 heads varies finely
