@@ -28,6 +28,8 @@ SMALL = ["--data.init_args.num_train", "64", "--data.init_args.batch_size", "16"
          "--data.init_args.num_val", "32", "--data.init_args.num_test", "32",
          "--trainer.callbacks=[]"]  # fmt: skip
 FAULTS = ["gone", "refused"]
+# gone: each request a failing command makes waits out the client's 3 tries (seconds)
+SLOW_FAULTS = [pytest.param("gone", marks=pytest.mark.slow), "refused"]
 
 
 def exit_status(main, args: list) -> int:
@@ -103,8 +105,7 @@ def test_a_checkpoint_write_or_a_resume_that_meets_a_store_fault_is_one_line_and
     assert list(tmp_path.iterdir()) == []  # nothing written locally
 
 
-# gone: each request the failing run makes waits out the client's 3 tries (seconds)
-@pytest.mark.parametrize("kind", [pytest.param("gone", marks=pytest.mark.slow), "refused"])
+@pytest.mark.parametrize("kind", SLOW_FAULTS)
 def test_a_log_write_that_meets_a_store_fault_is_one_line_and_the_log_written_before_is_whole(
     restartable_s3, capsys, kind
 ):
@@ -122,7 +123,7 @@ def test_a_log_write_that_meets_a_store_fault_is_one_line_and_the_log_written_be
     assert storage.is_file(f"{run}/config.yaml")
 
 
-@pytest.mark.parametrize("kind", FAULTS)
+@pytest.mark.parametrize("kind", SLOW_FAULTS)
 def test_vit_eval_and_vit_attention_reading_a_checkpoint_from_a_failing_store_are_one_line(
     restartable_s3, trained_checkpoint, tmp_path, capsys, kind
 ):
@@ -138,7 +139,7 @@ def test_vit_eval_and_vit_attention_reading_a_checkpoint_from_a_failing_store_ar
     assert not (tmp_path / "maps").exists()
 
 
-@pytest.mark.parametrize("kind", FAULTS)
+@pytest.mark.parametrize("kind", SLOW_FAULTS)
 def test_an_upload_of_chunks_that_meets_a_store_fault_is_one_line_and_leaves_no_chunks(
     restartable_s3, tmp_path, monkeypatch, capsys, kind
 ):
