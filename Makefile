@@ -31,7 +31,7 @@ notebooks: $(VENV)/installed
 	done; rm -rf runs lightning_logs; \
 	echo "notebooks executed and stored with their outputs in $$(( $$(date +%s) - start )) s"
 
-# Mutation testing of the looking-inside maths (vit/interpret/), the streamed chunks (vit/streaming.py),
+# Mutation testing of the looking-inside maths (vit/interpret/), the streamed chunks (vit/chunk_*.py, vit/streaming.py),
 # image preparation (vit/preparation.py) and the reading of training curves (vit/curves.py); the configuration is [tool.mutmut] in pyproject.toml and
 # docs/mutation.md has the runs: every mutant should fail a test. Not part of make test: more than 10
 # minutes on 2 cores. One thread per worker: a forked PyTorch would hang in OpenMP.

@@ -6,7 +6,7 @@
     python -m benchmarks.streaming speed --s3         # and the chunks streamed from an S3 server
 
 memory: for each size, a folder of generated JPEGs (train/, and test/ holding the same files) and
-its chunks (`vit.streaming.write_chunks`); then, each in a process of its own, one epoch of
+its chunks (`vit.chunk_writer.write_chunks`); then, each in a process of its own, one epoch of
 `vit-train fit` on `vit.datamodules.ImageFolders` and on `vit.streaming.StreamingImages`, and
 `vit-eval` of each run's checkpoint on its test split. The peak resident memory of each process
 (its `ru_maxrss`, read with `os.wait4`) is the figure: the in-memory module decodes every split
@@ -98,7 +98,7 @@ def memory(
     """Peak MB of vit-train (one epoch) and vit-eval, per data module and size (see the
     module's docstring); `peak(module, *args)` measures one run (a fresh Python, as users start
     them)."""
-    from vit.streaming import write_chunks
+    from vit.chunk_writer import write_chunks
 
     modules = {
         "ImageFolders": "vit.datamodules.ImageFolders",
@@ -151,7 +151,7 @@ class GPUDecoded:
         self.data, self.device = data, torch.device("cuda")
 
     def __iter__(self):
-        from vit.streaming import decode_batch
+        from vit.chunk_reader import decode_batch
 
         for files, labels in self.data.train_dataloader():
             images = decode_batch(files, self.data.preparation, self.device)
@@ -192,8 +192,9 @@ def speed(
     from torchvision import datasets
     from torchvision.transforms import v2
 
+    from vit.chunk_writer import write_chunks
     from vit.datamodules import ImageFolders
-    from vit.streaming import StreamingImages, write_chunks
+    from vit.streaming import StreamingImages
 
     results = {}
     for size in sizes:

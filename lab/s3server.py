@@ -1,19 +1,24 @@
 """A real S3-compatible server on this machine: moto's server mode (`moto[server]`, in the dev
-extra), started on a free port of 127.0.0.1 and stopped by whoever started it. The tests' fixtures
-(tests/s3server.py) and `benchmarks/streaming.py --s3` use it.
+extra), started on a free port of 127.0.0.1 and stopped by whoever started it: `S3Server` in a
+process of its own, `RestartableS3Server` in a thread of this one, which comes back with its
+objects. The tests' fixtures (tests/s3_fixtures.py) and `benchmarks/streaming.py --s3` use them.
 
 Clients find it as they find any S3 endpoint, through the environment (`env()`: `AWS_ENDPOINT_URL`,
-`AWS_ACCESS_KEY_ID`, ...). moto accepts any key pair unless the server's environment turns on its
-IAM checks (`S3Server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})`).
+`AWS_ACCESS_KEY_ID`, ...). moto accepts any key pair unless its IAM checks are on: from the start
+(`S3Server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})`), or from now on (`refuse_keys()`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 import uuid
 
 
@@ -78,3 +83,60 @@ class S3Server:
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def refuse_keys(self, refuse: bool = True) -> None:
+        """moto's IAM checks on (it refuses every key it has not issued, ours included) or off."""
+        request = urllib.request.Request(
+            f"{self.url}/moto-api/reset-auth",
+            data=b"0" if refuse else b"inf",  # how many requests to let through first
+            headers={"Content-Type": "text/plain"},  # else moto reads the body as a form, and fails
+            method="POST",
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+
+
+class RestartableS3Server(S3Server):
+    """moto's server in a thread of this process, on a free port of 127.0.0.1: `stop()` is a
+    store gone (the connections clients hold are closed, new ones refused), `start()` brings it back
+    on the same port with every object it held (moto keeps them in this process). A process forked
+    while it runs holds its listening socket: stopped, it would then take connections and never
+    answer; use `S3Server` where loader workers are forked."""
+
+    server = None  # werkzeug's, while it runs
+    thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 30) -> RestartableS3Server:
+        if self.server is not None:
+            return self
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
+        app = DomainDispatcherApplication(create_backend_app)
+        handler = MotoRequestHandler
+        self.server = make_server("127.0.0.1", self.port, app, threaded=True, request_handler=handler)
+        self.connections: list[socket.socket] = []
+        serve = self.server.process_request
+
+        def process_request(connection, address):  # kept, to be closed when the store goes
+            self.connections.append(connection)
+            serve(connection, address)
+
+        self.server.process_request = process_request
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is None:
+            return
+        self.server.shutdown()  # no new connections: serve_forever closes the listening socket
+        self.thread.join()
+        for connection in self.connections:  # and none of the kept-alive ones answers again
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        self.server = self.thread = None

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import save_as_vit_train
-from s3server import own_s3_server, s3, s3_server  # noqa: F401  (the S3 server's fixtures)
+from s3_fixtures import own_s3_server, refusing_s3, restartable_s3, s3, s3_server  # noqa: F401
 
 from vit import TwoCircles, ViTClassifier, ViTConfig
 

@@ -210,7 +210,8 @@ def test_each_epoch_of_the_chunks_is_dealt_across_the_processes_of_all_nodes(tmp
     in the first, where a chunk split between the nodes goes to both: images seen twice, others
     never, and shares of different lengths (the processes would wait on each other)."""
     pytest.importorskip("litdata")
-    from vit.streaming import StreamingImages, write_chunks
+    from vit.chunk_writer import write_chunks
+    from vit.streaming import StreamingImages
 
     write_chunks(noise_folders(tmp_path / "data"), tmp_path / "chunks", chunk_bytes=9000)
     monkeypatch.setenv("WORLD_SIZE", "2")

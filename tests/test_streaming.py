@@ -1,4 +1,4 @@
-"""Image folders as streaming chunks: `vit.streaming.write_chunks` and `vit-chunks`. The chunks
+"""Image folders as streaming chunks: `vit.chunk_writer.write_chunks` and `vit-chunks`. The chunks
 hold each file's bytes as they are and its label; bad input is one line and leaves no folder."""
 
 import io
@@ -23,9 +23,10 @@ from seen import SeenImages, digest
 
 pytest.importorskip("litdata")
 
+from vit.chunk_reader import read_manifest  # noqa: E402
+from vit.chunk_writer import FORMAT, write_chunks  # noqa: E402
 from vit.commands.chunks import main  # noqa: E402
 from vit.preparation import Preparation, to_float  # noqa: E402
-from vit.streaming import FORMAT, read_manifest, write_chunks  # noqa: E402
 
 
 def streamed(folder: Path) -> list[tuple[bytes, int]]:
@@ -141,10 +142,10 @@ def test_a_chunk_folder_of_another_format_or_none_is_refused(tmp_path):
 def test_a_run_stopped_while_writing_leaves_no_folder(tmp_path, monkeypatch):
     """The chunks go to a hidden folder first: a failure in the middle (here: the second split)
     removes it, and `out` never appears."""
-    import vit.streaming
+    import vit.chunk_writer
 
     root = make_folders(tmp_path / "data", per_class={"train": 4, "test": 1})
-    real, calls = vit.streaming.write_split, []
+    real, calls = vit.chunk_writer.write_split, []
 
     def fail_third(folder, *args):
         calls.append(folder)
@@ -152,7 +153,7 @@ def test_a_run_stopped_while_writing_leaves_no_folder(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(folder, *args)
 
-    monkeypatch.setattr(vit.streaming, "write_split", fail_third)
+    monkeypatch.setattr(vit.chunk_writer, "write_split", fail_third)
     with pytest.raises(OSError, match="disk full"):
         write_chunks(root, tmp_path / "chunks")
     assert [folder.name for folder in calls] == ["train", "val", "test"]
@@ -461,8 +462,8 @@ def test_batches_decoded_on_the_device_are_the_workers_batches(tmp_path, resize,
 
 def test_a_device_decoded_batch_has_the_border_and_sizes_of_its_preparation(tmp_path, monkeypatch):
     pytest.importorskip("torchcodec")
+    from vit.chunk_reader import decode_batch
     from vit.preparation import Preparation
-    from vit.streaming import decode_batch
 
     root = jpeg_folders(tmp_path)
     paths = sorted((root / "train" / "ant").iterdir())[:4]

@@ -95,8 +95,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     where that folder is another filesystem (a tmpfs /tmp), the move is a copy into the target, and
     a kill during it left a truncated last.ckpt. A URL (s3://...) is written by one PUT, which an
     object store shows whole or not at all (it has no rename); not as Lightning writes it, which
-    creates a missing bucket and drops a PermissionError silently (`_atomic_save`). vit-train uses
-    it unless the trainer is given another CheckpointIO."""
+    creates a missing bucket and drops a PermissionError silently (`_atomic_save`); and read
+    through `vit.storage` too. vit-train uses it unless the trainer is given another CheckpointIO."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage.is_url(path):
@@ -106,6 +106,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         with storage.atomic_file(path) as temporary:
             torch.save(checkpoint, temporary)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        """A URL's checkpoint read through `vit.storage`, as everything in an object store is (an
+        error is one line naming the URL); a file as Lightning reads it."""
+        if not storage.is_url(path):
+            return super().load_checkpoint(path, map_location, weights_only)
+        if not storage.is_file(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        source = io.BytesIO(storage.read_bytes(str(path)))
+        return torch.load(source, map_location=map_location, weights_only=weights_only)
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

@@ -3,7 +3,7 @@
 The model, the data modules and the commands raise these; `vit.commands.base` turns them into
 `error: ...` on stderr and an exit status: 2 for bad usage (`UsageError`: a bad option or value,
 as argparse exits for a bad option), 1 for a failure (missing or unreadable files, a bad
-checkpoint).
+checkpoint, an object store that cannot be reached).
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ class DataError(ValueError):
 
 class DataNotFoundError(DataError, FileNotFoundError):
     """The data files are not where the data module was told to look."""
+
+
+class StoreError(DataError):
+    """An object store (s3://) out of reach, refusing the credentials, or failing a request
+    (`vit.storage.store_error`; exit status 1 in the commands)."""
 
 
 class TrainingDiverged(ValueError):

@@ -1,4 +1,4 @@
-"""`vit-chunks`: image folders written as streaming chunks (`vit.streaming.write_chunks`).
+"""`vit-chunks`: image folders written as streaming chunks (`vit.chunk_writer.write_chunks`).
 
     vit-chunks --root photos --out photos-chunks
     vit-chunks --root photos --out s3://bucket/photos-chunks   # keys from AWS_ACCESS_KEY_ID, ...
@@ -22,7 +22,7 @@ from vit.commands.base import Command, option
 
 @dataclass
 class ChunksOptions:
-    """The options of vit-chunks: those of `vit.streaming.write_chunks`."""
+    """The options of vit-chunks: those of `vit.chunk_writer.write_chunks`."""
 
     root: str = option(None, "the image folders", required=True, metavar="DIR")
     out: str = option(
@@ -55,7 +55,7 @@ class ChunksOptions:
 
 
 def chunks(options: ChunksOptions) -> dict:
-    from vit.streaming import write_chunks
+    from vit.chunk_writer import write_chunks
 
     return write_chunks(**asdict(options))
 

@@ -266,6 +266,19 @@ class ViTCLI(LightningCLI):
             # config.yaml and builds the data (it reads the file only after that)
             read_checkpoint(ckpt_path)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Lightning's, with an error of the object store raised inside Lightning (its loggers and
+        ModelCheckpoint reach the store through fsspec themselves) made one line naming the run's
+        folder (`vit.storage.store_error`); what `vit.storage` raises names its object already."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as e:
+            folder = str(run_folder(self.trainer))
+            where = [folder] if storage.is_url(folder) else object_store_locations(self.config[subcommand])
+            if isinstance(e, DataError) or not where or not storage.is_store_error(e):
+                raise
+            raise storage.store_error(where[0], e) from e
+
     def _resolve_last(self, config) -> None:
         """`--ckpt_path last` means the newest last.ckpt among the runs of the configured logger
         (runs/<name>/*/checkpoints). `fit` continues that run in its own folder, so its logs and
