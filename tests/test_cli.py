@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 from helpers import ROOT, UnsafePayload, command_error, run_train, start_training, tiny_args
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
@@ -98,6 +99,60 @@ def test_every_config_parses(config, capsys):
         cli.main(["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
     assert exit_info.value.code in (0, None)
     assert "model:\n  class_path: vit." in capsys.readouterr().out
+
+
+def test_a_callback_given_again_is_one_callback_with_the_arguments_given_last(runs):
+    """configs/two_circles.yaml has AttentionMaps and EvidenceMass; the command line names both
+    again, AttentionMaps twice with one argument each: one of each, where the config put them, with
+    the arguments given on the command line over the config's and the earlier ones kept (the
+    second `num_images` is not reset to its default by an entry that does not give it), where
+    Lightning alone refuses the second AttentionMaps with a traceback."""
+    from vit.interpret.callbacks import AttentionMaps, EvidenceMass
+
+    again = [
+        "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps", "--trainer.callbacks.num_images", "2",
+        "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps", "--trainer.callbacks.seed", "5",
+        "--trainer.callbacks+=vit.interpret.callbacks.EvidenceMass",
+    ]  # fmt: skip
+    short = ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"]
+    result = cli.run(["fit", *tiny_args(runs, *again, *short)])
+    ours = [c for c in result.trainer.callbacks if isinstance(c, AttentionMaps | EvidenceMass)]
+    assert [type(c) for c in ours] == [EvidenceMass, AttentionMaps]
+    assert (ours[1].num_images, ours[1].seed, ours[1].columns) == (2, 5, 12)
+    saved = yaml.safe_load((runs / "tiny" / "version_0" / "config.yaml").read_text())
+    assert [c["class_path"].rsplit(".", 1)[1] for c in saved["trainer"]["callbacks"]] == [
+        "EvidenceMass",
+        "AttentionMaps",
+    ]
+
+
+def test_callbacks_that_watch_different_metrics_stay_apart():
+    """Lightning keeps several checkpoints, each on its own metric: those are not merged; the
+    same metric twice is one callback, the later arguments over the earlier."""
+    from jsonargparse import Namespace
+
+    def checkpoint(**args):
+        path = "lightning.pytorch.callbacks.ModelCheckpoint"
+        return Namespace(class_path=path, init_args=Namespace(**args))
+
+    full = [checkpoint(monitor="val/acc", save_top_k=1), checkpoint(monitor="val/loss", save_top_k=1),
+            checkpoint(monitor="val/acc", save_top_k=3)]  # fmt: skip
+    given = [checkpoint(monitor="val/acc"), checkpoint(monitor="val/loss"), checkpoint(save_top_k=3)]
+    kept = cli.one_callback_a_kind(full, given)
+    assert [(c.init_args.monitor, c.init_args.save_top_k) for c in kept] == [("val/acc", 3), ("val/loss", 1)]
+    assert full[0].init_args.save_top_k == 1  # the parsed config's entries are left as they were
+
+
+def test_a_callback_that_clashes_with_vit_trains_own_is_one_line(runs, capsys):
+    """A ModelCheckpoint on the metric and mode of vit-train's own best checkpoint keeps its state
+    under the same key: Lightning refuses it; here in one line that says what to do."""
+    clash = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/acc",
+             "--trainer.callbacks.mode", "max"]  # fmt: skip
+    status, message = command_error(cli.main, ["fit", *tiny_args(runs, *clash)], capsys)
+    assert status == 2
+    assert message.startswith("error: two ModelCheckpoint callbacks would keep their state under one key")
+    assert "--checkpoint.*" in message
+    assert not runs.exists()
 
 
 @pytest.mark.slow
