@@ -332,6 +332,25 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_with_the_weights_of_one_never_s
 
 
 @pytest.mark.slow
+def test_ckpt_path_last_builds_the_model_its_checkpoint_holds(runs):
+    """As a --ckpt_path FILE does (Lightning applies the hyper-parameters it holds), `--ckpt_path
+    last` builds the model of the checkpoint it finds, not the config's, to resume it or to test
+    it: the README trains two_circles.yaml at preset micro, then resumes "the newest run" with the
+    config alone (preset mini), which stopped with weights that did not fit the model."""
+    short = ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "1"]
+    short += ["--trainer.limit_test_batches", "1"]
+    cli.main(["fit", *tiny_args(runs, *short)])  # preset micro
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    mini = [*short, "--model.vit.preset", "mini", "--trainer.max_steps", "2"]
+    for subcommand in ("fit", "test"):
+        result = cli.run([subcommand, *tiny_args(runs, *mini), "--ckpt_path", "last"])
+        assert result.model.hparams.vit["preset"] == "micro" and Path(result.trainer.ckpt_path) == last
+        if subcommand == "fit":  # resumed in its own folder
+            assert torch.load(last, weights_only=True)["global_step"] == 2
+            assert not (runs / "tiny" / "version_1").exists()
+
+
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_rows_its_metrics_csv_had(runs, tmp_path, capsys):
     """Lightning's CSVLogger deletes metrics.csv when it opens a run's folder again: `fit
     --ckpt_path last` puts back the rows of the steps before the checkpoint. Here a run of one

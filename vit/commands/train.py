@@ -246,6 +246,13 @@ class ViTCLI(LightningCLI):
         ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
         if ckpt_path in (None, *SPECIAL_CKPT_PATHS) or not storage.is_file(ckpt_path):
             return
+        self._read_model_of(ckpt_path)
+
+    def _read_model_of(self, ckpt_path: Path | str) -> None:
+        """Read the checkpoint at `ckpt_path` safely (`read_checkpoint`) and put the model's
+        hyper-parameters it holds into the config, over the config's and the command line's, as
+        Lightning does for a --ckpt_path FILE: the model built is the one whose weights it holds.
+        `--ckpt_path last` gets the same once `_resolve_last` has found its file."""
         hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters", {}))
         self._checked_ckpt_path = ckpt_path
         hparams.pop("_instantiator", None)
@@ -253,7 +260,9 @@ class ViTCLI(LightningCLI):
             return
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
-        self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        subcommand = self.config.subcommand
+        parsed = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        self.config[subcommand].model = parsed[subcommand].model  # in place: callers hold the config
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -313,7 +322,7 @@ class ViTCLI(LightningCLI):
                 return  # Lightning warns and starts from scratch, as for a first run
             raise FileNotFoundError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
         newest = max(candidates, key=storage.modified)
-        read_checkpoint(newest)  # Lightning reads it only after writing config.yaml
+        self._read_model_of(newest)  # Lightning reads it only after writing config.yaml
         if self.subcommand != "fit" or in_bucket:
             config.ckpt_path = self._checked_ckpt_path = str(newest)
         if self.subcommand != "fit":
@@ -324,10 +333,10 @@ class ViTCLI(LightningCLI):
 
     def _named_last(self, config, last: Path | str) -> None:
         """--ckpt_path last where the run's folder is known: its last.ckpt is read safely here
-        first, and Lightning finds it; in an object store, Lightning is given its URL, which must
-        exist."""
+        first (with the model it holds), and Lightning finds it; in an object store, Lightning is
+        given its URL, which must exist."""
         if storage.is_file(last):
-            read_checkpoint(last)
+            self._read_model_of(last)
             if storage.is_url(last):
                 config.ckpt_path = self._checked_ckpt_path = last
         elif storage.is_url(last):
