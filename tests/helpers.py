@@ -325,11 +325,11 @@ class UnsafePayload:
         return (open, (str(self.marker), "w"))
 
 
-def noise_folders(root: Path) -> Path:
-    """`root/{train,val}/{ant,bee,cat}/NN.png`: 16 and 1 images a class of random pixels (16 px),
-    each distinct."""
+def noise_folders(root: Path, per_class: dict[str, int] | None = None) -> Path:
+    """`root/<split>/{ant,bee,cat}/NN.png`: `per_class` images a class in each split (default 16 in
+    train and 1 in val) of random pixels (16 px), each distinct."""
     noise = torch.Generator().manual_seed(0)
-    for split, count in (("train", 16), ("val", 1)):
+    for split, count in (per_class or {"train": 16, "val": 1}).items():
         for name in ("ant", "bee", "cat"):
             (root / split / name).mkdir(parents=True)
             for j in range(count):

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 from helpers import ROOT, UnsafePayload, command_error, run_train, start_training, tiny_args
 
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
@@ -98,6 +99,60 @@ def test_every_config_parses(config, capsys):
         cli.main(["fit", "--config", str(ROOT / "configs" / config), "--print_config"])
     assert exit_info.value.code in (0, None)
     assert "model:\n  class_path: vit." in capsys.readouterr().out
+
+
+def test_a_callback_given_again_is_one_callback_with_the_arguments_given_last(runs):
+    """configs/two_circles.yaml has AttentionMaps and EvidenceMass; the command line names both
+    again, AttentionMaps twice with one argument each: one of each, where the config put them, with
+    the arguments given on the command line over the config's and the earlier ones kept (the
+    second `num_images` is not reset to its default by an entry that does not give it), where
+    Lightning alone refuses the second AttentionMaps with a traceback."""
+    from vit.interpret.callbacks import AttentionMaps, EvidenceMass
+
+    again = [
+        "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps", "--trainer.callbacks.num_images", "2",
+        "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps", "--trainer.callbacks.seed", "5",
+        "--trainer.callbacks+=vit.interpret.callbacks.EvidenceMass",
+    ]  # fmt: skip
+    short = ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"]
+    result = cli.run(["fit", *tiny_args(runs, *again, *short)])
+    ours = [c for c in result.trainer.callbacks if isinstance(c, AttentionMaps | EvidenceMass)]
+    assert [type(c) for c in ours] == [EvidenceMass, AttentionMaps]
+    assert (ours[1].num_images, ours[1].seed, ours[1].columns) == (2, 5, 12)
+    saved = yaml.safe_load((runs / "tiny" / "version_0" / "config.yaml").read_text())
+    assert [c["class_path"].rsplit(".", 1)[1] for c in saved["trainer"]["callbacks"]] == [
+        "EvidenceMass",
+        "AttentionMaps",
+    ]
+
+
+def test_callbacks_that_watch_different_metrics_stay_apart():
+    """Lightning keeps several checkpoints, each on its own metric: those are not merged; the
+    same metric twice is one callback, the later arguments over the earlier."""
+    from jsonargparse import Namespace
+
+    def checkpoint(**args):
+        path = "lightning.pytorch.callbacks.ModelCheckpoint"
+        return Namespace(class_path=path, init_args=Namespace(**args))
+
+    full = [checkpoint(monitor="val/acc", save_top_k=1), checkpoint(monitor="val/loss", save_top_k=1),
+            checkpoint(monitor="val/acc", save_top_k=3)]  # fmt: skip
+    given = [checkpoint(monitor="val/acc"), checkpoint(monitor="val/loss"), checkpoint(save_top_k=3)]
+    kept = cli.one_callback_a_kind(full, given)
+    assert [(c.init_args.monitor, c.init_args.save_top_k) for c in kept] == [("val/acc", 3), ("val/loss", 1)]
+    assert full[0].init_args.save_top_k == 1  # the parsed config's entries are left as they were
+
+
+def test_a_callback_that_clashes_with_vit_trains_own_is_one_line(runs, capsys):
+    """A ModelCheckpoint on the metric and mode of vit-train's own best checkpoint keeps its state
+    under the same key: Lightning refuses it; here in one line that says what to do."""
+    clash = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/acc",
+             "--trainer.callbacks.mode", "max"]  # fmt: skip
+    status, message = command_error(cli.main, ["fit", *tiny_args(runs, *clash)], capsys)
+    assert status == 2
+    assert message.startswith("error: two ModelCheckpoint callbacks would keep their state under one key")
+    assert "--checkpoint.*" in message
+    assert not runs.exists()
 
 
 @pytest.mark.slow
@@ -274,6 +329,25 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_with_the_weights_of_one_never_s
     assert got["global_step"] == expected["global_step"] == 256
     for name, weights in expected["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][name], weights, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_builds_the_model_its_checkpoint_holds(runs):
+    """As a --ckpt_path FILE does (Lightning applies the hyper-parameters it holds), `--ckpt_path
+    last` builds the model of the checkpoint it finds, not the config's, to resume it or to test
+    it: the README trains two_circles.yaml at preset micro, then resumes "the newest run" with the
+    config alone (preset mini), which stopped with weights that did not fit the model."""
+    short = ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "1"]
+    short += ["--trainer.limit_test_batches", "1"]
+    cli.main(["fit", *tiny_args(runs, *short)])  # preset micro
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    mini = [*short, "--model.vit.preset", "mini", "--trainer.max_steps", "2"]
+    for subcommand in ("fit", "test"):
+        result = cli.run([subcommand, *tiny_args(runs, *mini), "--ckpt_path", "last"])
+        assert result.model.hparams.vit["preset"] == "micro" and Path(result.trainer.ckpt_path) == last
+        if subcommand == "fit":  # resumed in its own folder
+            assert torch.load(last, weights_only=True)["global_step"] == 2
+            assert not (runs / "tiny" / "version_1").exists()
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
@@ -217,6 +218,26 @@ def compile_now(classifier: Classifier) -> None:
         classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
 
 
+class MeanLoss(Metric):
+    """The mean loss of the images of every process: the sums of losses and of images, which
+    torchmetrics adds up across processes. Lightning's `sync_dist` averages the processes' image
+    counts as integers, which rounds down where their shares differ (an odd split in two). Unlike
+    torchmetrics' MeanMetric before 1.7, it keeps a nan (which `FiniteLoss` looks for) and does not
+    look for one at each batch, which would make the host wait for a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, loss: torch.Tensor, count: int) -> None:
+        self.total += loss.detach() * count
+        self.count += count
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count
+
+
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings (with `optimizer: muon`, Muon on
@@ -292,6 +313,7 @@ class Classifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_loss, self.test_loss = MeanLoss(), MeanLoss()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -311,8 +333,10 @@ class Classifier(L.LightningModule):
     def _log(self, stage: str, logits, y, loss, accuracy: MulticlassAccuracy) -> None:
         # accuracy counts probabilities (MixUp, CutMix) against their largest class
         accuracy(logits, y.argmax(dim=1) if y.ndim == 2 else y)
-        if stage != "train":  # averaged over all processes; accuracy syncs itself (torchmetrics)
-            self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
+        if stage != "train":  # over every process's images, as accuracy is (torchmetrics)
+            mean = {"val": self.val_loss, "test": self.test_loss}[stage]
+            mean.update(loss, len(y))
+            self.log(f"{stage}/loss", mean, prog_bar=True, on_epoch=True)
         elif self._trainer is None or logged_step(self.trainer, self.trainer.global_step + 1):
             # a step's loss is read back from the device (a wait for a GPU) where it is logged, so
             # only on the steps Lightning writes to the logger; accuracy accumulates on the device.

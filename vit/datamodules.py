@@ -33,6 +33,7 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
@@ -262,7 +263,17 @@ def batches(
     shuffled: its batches are slices of the epoch's order on the data's device, this process's
     share of it where there are several (`ShuffledBatches`; a last partial batch is dropped unless
     it is the only one), and a run resumed from a checkpoint goes on where it stopped
-    (`ResumableLoader`), with the random state its data module kept (`InMemoryDataModule`)."""
+    (`ResumableLoader`), with the random state its data module kept (`InMemoryDataModule`).
+    Evaluation's (validation, test, predict) goes through the split in order; with several
+    processes each takes every `processes`-th image from its `rank`, so that together they score
+    each image once.
+
+    Lightning would put a DistributedSampler into an evaluation loader, which pads the split with
+    its first images to a multiple of the processes: those would count twice in the figures. Here
+    the processes' shares differ by an image instead, and their batches by one at most, which is
+    safe in evaluation, where nothing is synchronised at each batch (DDP syncs buffers at the
+    first forward alone: every process needs one batch). The sampler is a DistributedSampler by
+    type, so Lightning leaves it in place (`_requires_distributed_sampler`)."""
     loader = dict(collate_fn=whole_batch, num_workers=num_workers, persistent_workers=num_workers > 0)
     if shuffle:
         share = -(-len(dataset) // processes)
@@ -270,7 +281,10 @@ def batches(
             len(dataset), batch_size, share > batch_size, dataset.images.device, processes, rank
         )
         return ResumableLoader(dataset, order, **loader)
-    return DataLoader(dataset, batch_size=batch_size, **loader)
+    if processes == 1:
+        return DataLoader(dataset, batch_size=batch_size, **loader)
+    shares = UnrepeatedDistributedSampler(dataset, num_replicas=processes, rank=rank, shuffle=False)
+    return DataLoader(dataset, batch_size=batch_size, sampler=shares, **loader)
 
 
 class InMemoryDataModule(L.LightningDataModule):
@@ -346,17 +360,32 @@ class InMemoryDataModule(L.LightningDataModule):
             for split in self.splits.values():
                 split.images, split.labels = split.images.to(device), split.labels.to(device)
 
-    def train_dataloader(self) -> DataLoader:
+    def processes_and_rank(self) -> tuple[int, int]:
+        """How many processes the trainer runs (under DDP), and which this one is; (1, 0) without
+        a trainer."""
         trainer = self.trainer
-        processes, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def train_dataloader(self) -> DataLoader:
+        processes, rank = self.processes_and_rank()
         loader = batches(self.training_data(), self.batch_size, True, self.num_workers, processes, rank)
         return self.resuming(loader)
 
+    def evaluation_dataloader(self, name: str) -> DataLoader:
+        """Split `name` in order, each image once across the processes (`batches`)."""
+        split = self.split(name)
+        processes, rank = self.processes_and_rank()
+        require(
+            len(split) >= processes,
+            f"the {name} split has {len(split)} images for {processes} processes: each needs one",
+        )
+        return batches(split, self.batch_size, num_workers=self.num_workers, processes=processes, rank=rank)
+
     def val_dataloader(self) -> DataLoader:
-        return batches(self.split("val"), self.batch_size, num_workers=self.num_workers)
+        return self.evaluation_dataloader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return batches(self.split("test"), self.batch_size, num_workers=self.num_workers)
+        return self.evaluation_dataloader("test")
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()

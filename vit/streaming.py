@@ -86,7 +86,11 @@ class StreamingImages(ImageDataModule):
         the processes' shares differ in length (the longer waits for the others at its last
         step). Counted as one node, every epoch is dealt afresh across all processes, each image
         once; chunks read where they lie (a disk, a shared file system) need no cache, and those
-        of an object store cost a colder cache (a node downloads chunks it did not read before)."""
+        of an object store cost a colder cache (a node downloads chunks it did not read before).
+
+        Evaluated (not `shuffle`), no image is dropped: with several processes litdata drops
+        each one's last partial batch (`drop_last`), which a training epoch can spare and a
+        validation's figures cannot (`loader`)."""
         from litdata.utilities.env import _DistributedEnv
 
         transform = Encoded() if self.decode == "device" else Decode(self.preparation)
@@ -94,16 +98,30 @@ class StreamingImages(ImageDataModule):
         dataset = chunks_dataset(folder, shuffle=shuffle, seed=self.seed, transform=transform)
         world = dataset.distributed_env
         dataset.distributed_env = _DistributedEnv(world.world_size, world.global_rank, num_nodes=1)
+        if not shuffle:  # set here: litdata warns of drop_last=False given with several processes
+            dataset.drop_last = False
         return dataset
 
     def loader(self, name: str, shuffle: bool = False):
         """Batches of split `name`; shuffled, a last partial batch is dropped, as `batches` drops
-        it, unless it is the only one."""
+        it, unless it is the only one. Evaluated, each image once across the processes: litdata
+        deals each process whole batches, as many each, and the images left over to the last
+        process; the batches are smaller where the split holds fewer than one a process, since
+        a process with none would leave the others waiting (DDP syncs buffers at the first
+        forward of a validation)."""
         dataset = self.dataset(name, shuffle)
-        drop_last = shuffle and self.manifest["images"][name] > self.batch_size
+        images, batch_size = self.manifest["images"][name], self.batch_size
+        if not shuffle:
+            processes = dataset.distributed_env.world_size
+            require(
+                images >= processes,
+                f"the {name} split has {images} images for {processes} processes: each needs one",
+            )
+            batch_size = min(batch_size, images // processes)
+        drop_last = shuffle and images > batch_size
         collate = {"collate_fn": encoded_batch} if self.decode == "device" else {}
         epoch = self.epoch if shuffle else None
-        return resumable_loader(dataset, epoch, batch_size=self.batch_size, num_workers=self.num_workers,
+        return resumable_loader(dataset, epoch, batch_size=batch_size, num_workers=self.num_workers,
                                 drop_last=drop_last, **collate)  # fmt: skip
 
     def folder(self, name: str) -> str:

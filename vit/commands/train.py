@@ -14,6 +14,7 @@ for vit-eval and vit-attention (`vit.commands.base`); a checkpoint given to --ck
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from jsonargparse import get_loader, set_loader
+from jsonargparse import Namespace, get_loader, set_loader
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
@@ -175,7 +176,19 @@ class ViTCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())  # a run killed while it writes keeps last.ckpt
-        return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+        try:
+            return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+        except RuntimeError as e:
+            # two callbacks of one kind that `one_callback_a_kind` leaves apart and Lightning cannot
+            # keep apart in checkpoints, such as a ModelCheckpoint beside vit-train's own on its metric
+            if (clash := re.search(r"more than one stateful callback of type `(\w+)`", str(e))) is None:
+                raise
+        # raised here, outside the handler: `instantiate_classes` reports the end of a chain
+        raise UsageError(
+            f"two {clash.group(1)} callbacks would keep their state under one key in checkpoints: leave "
+            "one out, or give them other arguments (vit-train's own checkpoints are --checkpoint.* and "
+            "--last_checkpoint.*)"
+        )
 
     def before_fit(self) -> None:
         """A run resumed in its own folder keeps the rows of its metrics.csv (`ResumedMetrics`),
@@ -188,6 +201,19 @@ class ViTCLI(LightningCLI):
                     "ignore", message=f"Experiment logs directory {re.escape(logger.log_dir)} "
                 )
                 self.trainer.callbacks.append(ResumedMetrics(logger))
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        self._args = args  # parsed again by `_given_callbacks`
+
+    def _given_callbacks(self) -> list:
+        """The entries of `trainer.callbacks` with only the arguments the config and command line
+        give (none of the defaults that parsing fills in), in the order of the parsed config's."""
+        if isinstance(self._args, dict | Namespace):
+            given = self.parser.parse_object(self._args, defaults=False)
+        else:
+            given = self.parser.parse_args(self._args, defaults=False)
+        return given[self.subcommand].trainer.callbacks
 
     def instantiate_classes(self) -> None:
         try:
@@ -231,6 +257,13 @@ class ViTCLI(LightningCLI):
         ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
         if ckpt_path in (None, *SPECIAL_CKPT_PATHS) or not storage.is_file(ckpt_path):
             return
+        self._read_model_of(ckpt_path)
+
+    def _read_model_of(self, ckpt_path: Path | str) -> None:
+        """Read the checkpoint at `ckpt_path` safely (`read_checkpoint`) and put the model's
+        hyper-parameters it holds into the config, over the config's and the command line's, as
+        Lightning does for a --ckpt_path FILE: the model built is the one whose weights it holds.
+        `--ckpt_path last` gets the same once `_resolve_last` has found its file."""
         hparams = dict(read_checkpoint(ckpt_path).get("hyper_parameters", {}))
         self._checked_ckpt_path = ckpt_path
         hparams.pop("_instantiator", None)
@@ -238,11 +271,16 @@ class ViTCLI(LightningCLI):
             return
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
-        self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        subcommand = self.config.subcommand
+        parsed = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        self.config[subcommand].model = parsed[subcommand].model  # in place: callers hold the config
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer
+        callbacks = trainer.get("callbacks")
+        if isinstance(callbacks, list) and len({callback_kind(c) for c in callbacks}) < len(callbacks):
+            trainer.callbacks = one_callback_a_kind(callbacks, self._given_callbacks())
         unlimited = trainer.max_epochs == -1 and trainer.max_steps in (None, -1) and trainer.max_time is None
         if self.subcommand == "fit" and unlimited:
             raise UsageError(
@@ -308,7 +346,7 @@ class ViTCLI(LightningCLI):
                 return  # Lightning warns and starts from scratch, as for a first run
             raise FileNotFoundError(f"--ckpt_path last: no checkpoint matches {root}/*/checkpoints/last.ckpt")
         newest = max(candidates, key=storage.modified)
-        read_checkpoint(newest)  # Lightning reads it only after writing config.yaml
+        self._read_model_of(newest)  # Lightning reads it only after writing config.yaml
         if self.subcommand != "fit" or in_bucket:
             config.ckpt_path = self._checked_ckpt_path = str(newest)
         if self.subcommand != "fit":
@@ -319,14 +357,50 @@ class ViTCLI(LightningCLI):
 
     def _named_last(self, config, last: Path | str) -> None:
         """--ckpt_path last where the run's folder is known: its last.ckpt is read safely here
-        first, and Lightning finds it; in an object store, Lightning is given its URL, which must
-        exist."""
+        first (with the model it holds), and Lightning finds it; in an object store, Lightning is
+        given its URL, which must exist."""
         if storage.is_file(last):
-            read_checkpoint(last)
+            self._read_model_of(last)
             if storage.is_url(last):
                 config.ckpt_path = self._checked_ckpt_path = last
         elif storage.is_url(last):
             raise FileNotFoundError(f"--ckpt_path last: there is no {last}")
+
+
+def callback_kind(entry) -> tuple:
+    """What makes an entry of a parsed config's `trainer.callbacks` one of a kind: its class, and
+    for a callback that watches a metric (ModelCheckpoint, EarlyStopping: `monitor`), that metric.
+    A callback given as an object is its own kind."""
+    if not isinstance(entry, Namespace) or "class_path" not in entry:
+        return (id(entry),)
+    module, _, name = entry.class_path.rpartition(".")
+    kind = getattr(importlib.import_module(module), name)  # an old path finds the class it names now
+    args = entry.get("init_args") or Namespace()
+    return (kind, args.get("monitor")) if "monitor" in args else (kind,)
+
+
+def one_callback_a_kind(callbacks: list, given: list) -> list:
+    """`callbacks` (a parsed config's `trainer.callbacks`) with each kind (`callback_kind`) once,
+    where it first stood: its arguments those of its first entry, then those that each later entry
+    gives (`given`: the same entries with only the arguments given) over them.
+
+    Lightning runs each entry as a callback of its own, and refuses two that would keep their
+    state under one key, such as the AttentionMaps of configs/two_circles.yaml and
+    --trainer.callbacks+=vit.interpret.callbacks.AttentionMaps. A user who names a callback the
+    config already has means that callback, with what they add: as LightningCLI reads a class given
+    again for --model or --data (jsonargparse keeps the arguments given before, the new ones over
+    them), and as Lightning lets a callback of the LightningModule's configure_callbacks replace the
+    trainer's of its type. Lightning's docs do keep several ModelCheckpoints, each on its own
+    metric: those stay apart."""
+    kept: dict[tuple, Namespace] = {}
+    for entry, said in zip(callbacks, given, strict=True):
+        kind = callback_kind(entry)
+        if kind not in kept:
+            kept[kind] = entry.clone() if isinstance(entry, Namespace) else entry
+        elif "init_args" in said:
+            kept[kind].init_args = kept[kind].get("init_args") or Namespace()
+            kept[kind].init_args.update(said.init_args)
+    return list(kept.values())
 
 
 def object_store_locations(config) -> list[str]:
