@@ -106,13 +106,14 @@ def test_a_callback_given_again_is_one_callback_with_the_arguments_given_last(ru
     again, AttentionMaps twice with one argument each: one of each, where the config put them, with
     the arguments given on the command line over the config's and the earlier ones kept (the
     second `num_images` is not reset to its default by an entry that does not give it), where
-    Lightning alone refuses the second AttentionMaps with a traceback."""
-    from vit.interpret.callbacks import AttentionMaps, EvidenceMass
+    Lightning alone refuses the second AttentionMaps with a traceback. The first names it where it
+    lived before (vit.compat): the same class."""
+    from vit.interpret.watching import AttentionMaps, EvidenceMass
 
     again = [
         "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps", "--trainer.callbacks.num_images", "2",
-        "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps", "--trainer.callbacks.seed", "5",
-        "--trainer.callbacks+=vit.interpret.callbacks.EvidenceMass",
+        "--trainer.callbacks+=vit.interpret.watching.AttentionMaps", "--trainer.callbacks.seed", "5",
+        "--trainer.callbacks+=vit.interpret.watching.EvidenceMass",
     ]  # fmt: skip
     short = ["--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"]
     result = cli.run(["fit", *tiny_args(runs, *again, *short)])

@@ -110,7 +110,7 @@ def evaluate_in_process(rank: int, port: int, runs: bytes, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_processes_score_every_image_once_as_one_does(tmp_path):
-    from vit.streaming import write_chunks
+    from vit.chunk_writer import write_chunks
 
     counts = {split: SIZES["streamed"][split] // 3 for split in ("val", "test")}
     write_chunks(noise_folders(tmp_path / "folders", {"train": 8, **counts}), tmp_path / "chunks")
@@ -158,7 +158,8 @@ def test_each_process_evaluates_its_own_images_of_streamed_chunks(tmp_path, monk
     """The validation and test loaders of 2 processes over chunks of 39 and 9 images in batches
     of 8, as litdata sees them (WORLD_SIZE, GLOBAL_RANK: where no process group is set up): each
     image once, every process some, the 9 in batches of 4 so that each process has a batch."""
-    from vit.streaming import StreamingImages, write_chunks
+    from vit.chunk_writer import write_chunks
+    from vit.streaming import StreamingImages
 
     write_chunks(noise_folders(tmp_path / "folders", {"train": 1, "val": 13, "test": 3}), tmp_path / "chunks")
     monkeypatch.setenv("WORLD_SIZE", "2")

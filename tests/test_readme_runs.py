@@ -207,7 +207,7 @@ CIFAR10 = ["vit-train", "fit", "--config", "configs/cifar10_cpu.yaml"]
 OWN_IMAGES = ["vit-train", "fit", "--data", "vit.datamodules.ImageFolders", "--model.vit.preset", "micro",
               "--model.vit.patch_size", "8"]  # fmt: skip
 # The README's "Watch it learn" option, on the demo's config, which has that callback already
-WATCH = "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps"
+WATCH = "--trainer.callbacks+=vit.interpret.watching.AttentionMaps"
 
 
 @dataclass
@@ -299,7 +299,7 @@ def test_every_training_option_of_the_prose_runs_somewhere():
     """Each option the prose gives is in a toy run here or names the test that runs it (where its
     options appear); a new one fails here until it is given a run."""
     options = prose_options(README_TEXT)
-    assert "--trainer.callbacks+=vit.interpret.callbacks.AttentionMaps" in options and len(options) > 30
+    assert "--trainer.callbacks+=vit.interpret.watching.AttentionMaps" in options and len(options) > 30
     here = {option for run in PROSE_RUNS.values() for option in run.options} | {WATCH}
     assert sorted(set(options) - here - set(ELSEWHERE)) == []
     assert sorted((here | set(ELSEWHERE)) - set(options)) == []  # none that the README lost
@@ -333,6 +333,6 @@ def test_watch_it_learn_on_the_demo_config(workspace):
     run([*DEMO, WATCH], workspace)
     run_folder = workspace / "runs" / "two_circles" / "version_0"
     saved = yaml.safe_load((run_folder / "config.yaml").read_text())["trainer"]["callbacks"]
-    assert [c["class_path"] for c in saved].count("vit.interpret.callbacks.AttentionMaps") == 1
+    assert [c["class_path"] for c in saved].count("vit.interpret.watching.AttentionMaps") == 1
     drawn = sorted(p.name for p in (run_folder / "attention").glob("epoch_*.png"))
     assert drawn == ["epoch_000.png", "epoch_000_step_000000.png"]
