@@ -18,7 +18,7 @@ from benchmarks import gpu_check
 from lab.cifar10_pack import fake_cifar10, files_of, pack, unpack
 from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.callbacks import EMA
-from vit.classifier import warmup_cosine
+from vit.optim import warmup_cosine
 
 
 def test_linear_decay_falls_in_a_straight_line_to_the_floor():

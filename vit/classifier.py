@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
@@ -22,126 +18,11 @@ from vit.config import ViTConfig
 from vit.errors import UsageError, require
 from vit.layers import first_conv, whiten_
 from vit.model import ViT
-from vit.optim import Combined, Muon, block_matrices
+from vit.optim import OPTIONS, build_optimizer, check_options, check_schedule, warmup_decay
 from vit.preparation import for_the_device, to_float
 from vit.pretrained import for_finetuning
 from vit.step import CapturedStep
 from vit.teacher import AIRBENCH, Teacher, load_teacher, train_airbench
-
-
-def decay_groups(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float,
-    layer_decay: float | None = None,
-    tensor_lr: bool = False,
-    exclude: Collection[str] = (),
-) -> list[dict]:
-    """The parameter groups of `model` for AdamW or SGD: no weight decay on biases, norms and the
-    parameters in `model.no_weight_decay()`, none of the parameters named in `exclude` (another
-    optimizer's). With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of
-    depth D + 2 learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest
-    (BEiT's layer-wise decay, for fine-tuning). With `tensor_lr`, each group's learning rate is a
-    tensor on the parameters' device, which the scheduler fills in place (what a compiled step
-    reads without recompiling)."""
-    skip = getattr(model, "no_weight_decay", set)()
-    top = len(model.blocks) + 1 if layer_decay is not None else 0
-    groups: dict[tuple[int, bool], list] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad or name in exclude:
-            continue
-        # biases and norm weights are 1-D (a learned attention temperature 0-D); embeddings and
-        # the class token are named
-        decays = not (p.ndim < 2 or name in skip)
-        depth = model.layer_of(name) if layer_decay is not None else 0
-        groups.setdefault((depth, decays), []).append(p)
-    scale = (lambda depth: layer_decay ** (top - depth)) if layer_decay is not None else (lambda depth: 1.0)
-    order = sorted(groups, key=lambda key: (key[0], not key[1]))  # by depth, decayed first
-    device = next(model.parameters()).device
-    rate = (lambda value: torch.tensor(value, device=device)) if tensor_lr else (lambda value: value)
-    return [
-        {
-            "params": groups[key],
-            "weight_decay": weight_decay if key[1] else 0.0,
-            "lr": rate(lr * scale(key[0])),
-        }
-        for key in order
-    ]
-
-
-def adamw(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    layer_decay: float | None = None,
-    tensor_lr: bool = False,
-    exclude: Collection[str] = (),
-) -> torch.optim.AdamW:
-    """AdamW over `decay_groups`, fused on a GPU and multi-tensor (foreach) elsewhere; with
-    `tensor_lr` its step count is a tensor too (`capturable`)."""
-    # one fused kernel for all parameters on a GPU; elsewhere one multi-tensor op at a time
-    # (torch's default on a CPU loops over the parameters in Python)
-    device = next(model.parameters()).device
-    on_gpu = device.type == "cuda"
-    return torch.optim.AdamW(
-        decay_groups(model, lr, weight_decay, layer_decay, tensor_lr, exclude),
-        lr=torch.tensor(lr, device=device) if tensor_lr else lr,
-        betas=betas,
-        fused=(on_gpu and not tensor_lr) or None,
-        foreach=None if on_gpu else not tensor_lr,
-        capturable=tensor_lr and on_gpu,
-    )
-
-
-def sgd(model: nn.Module, lr: float, weight_decay: float, momentum: float) -> torch.optim.SGD:
-    """SGD with Nesterov momentum over `decay_groups` (airbench's optimizer; a ViT whose patches
-    come from a conv stem trains with it too, Xiao et al. 2021). Its weight decay is SGD's own: L2,
-    added to the gradient before the momentum."""
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    return torch.optim.SGD(
-        decay_groups(model, lr, weight_decay),
-        lr=lr,
-        momentum=momentum,
-        nesterov=True,
-        foreach=None if on_gpu else True,  # torch's default on a CPU loops over the parameters
-    )
-
-
-def warmup_cosine(
-    progress: float, warmup: float, min_lr_fraction: float, start: float = 0.0, decay: str = "cosine"
-) -> float:
-    """The learning-rate factor at `progress` (0 to 1) of training: linear warm-up from `start`
-    to 1 over the first `warmup` of it, then a cosine (or with `decay="linear"` a straight line,
-    airbench's shape) to `min_lr_fraction` at 1 (and after)."""
-    if progress < warmup:
-        return start + (1 - start) * progress / warmup
-    done = min((progress - warmup) / (1 - warmup), 1.0)
-    left = 1 - done if decay == "linear" else (1 + math.cos(math.pi * done)) / 2
-    return min_lr_fraction + (1 - min_lr_fraction) * left
-
-
-def warmup_decay(
-    optimizer: torch.optim.Optimizer,
-    progress: Callable[[int], float],
-    total: float,
-    warmup_fraction: float,
-    min_lr_fraction: float,
-    decay: str = "cosine",
-) -> LambdaLR:
-    """`warmup_cosine` as a scheduler of `optimizer`, at the `progress` of training after each
-    optimizer step. With a finite step limit `total`, the warm-up takes whole steps and starts
-    from lr / (steps + 1), as LinearLR does; without one (a time budget alone) it takes
-    `warmup_fraction` of the time from 0."""
-    if math.isfinite(total):
-        steps = min(max(int(total * warmup_fraction), 1), int(total) - 1) if total > 1 else 0
-        warmup, start = steps / total, 1 / (steps + 1)
-    else:
-        warmup, start = warmup_fraction, 0.0
-    return LambdaLR(
-        optimizer, lambda step: warmup_cosine(progress(step), warmup, min_lr_fraction, start, decay)
-    )
-
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 WHITEN_SAMPLE = 5000  # training images whose patches whiten_stem measures (airbench's number)
@@ -255,27 +136,13 @@ class Classifier(L.LightningModule):
         whiten_stem: bool = False,
     ):
         super().__init__()
-        require(lr > 0, f"lr={lr} must be positive")
-        require(weight_decay >= 0, f"weight_decay={weight_decay} must be >= 0")
-        require(all(0 <= b < 1 for b in betas), f"betas={betas} must lie in [0, 1)")
-        require(0 <= warmup_fraction < 1, f"warmup_fraction={warmup_fraction} must lie in [0, 1)")
-        require(0 <= min_lr_fraction <= 1, f"min_lr_fraction={min_lr_fraction} must lie in [0, 1]")
+        # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
+        self.save_hyperparameters()
+        check_options(**{name: self.hparams[name] for name in OPTIONS})
+        check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
-        require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
-        require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
-        require(
-            optimizer in ("adamw", "muon", "sgd"), f"optimizer={optimizer!r} must be 'adamw', 'muon' or 'sgd'"
-        )
-        require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
-        require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
-        require(0 <= momentum < 1, f"momentum={momentum} must lie in [0, 1)")
         require(not capture_step or optimizer != "sgd", "capture_step goes with optimizer=adamw or muon")
-        require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
-        # features of recent torch releases (this project is tested with 2.14)
-        require(
-            optimizer != "muon" or hasattr(torch.optim, "Muon"),
-            "optimizer=muon needs torch.optim.Muon (torch >= 2.9)",
-        )
+        # a feature of recent torch releases (this project is tested with 2.14)
         require(
             not capture_step or hasattr(torch._dynamo.config, "trace_autograd_ops"),
             "capture_step needs a torch whose Dynamo traces autograd.grad (trace_autograd_ops)",
@@ -285,8 +152,6 @@ class Classifier(L.LightningModule):
             f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
         )
         require(not capture_step or compile, "capture_step compiles the step: set compile (true or a mode)")
-        # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
-        self.save_hyperparameters()
         self.automatic_optimization = not capture_step  # the captured step updates the weights itself
         self.captured: CapturedStep | None = None
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -414,20 +279,7 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         captured = hp.get("capture_step", False)  # the lr a tensor, which a compiled step reads
-        if hp.optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
-            matrices = block_matrices(self.model)
-            require(bool(matrices), "optimizer=muon needs transformer blocks (a ViT of depth 1 or more)")
-            muon_lr = torch.tensor(hp.muon_lr, device=self.device) if captured else hp.muon_lr
-            muon = Muon(
-                matrices.values(), lr=muon_lr, momentum=hp.muon_momentum, weight_decay=hp.weight_decay
-            )
-            rest = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, exclude=matrices, tensor_lr=captured)
-            optimizer = Combined([muon, rest])
-        elif hp.optimizer == "sgd":
-            optimizer = sgd(self.model, hp.lr, hp.weight_decay, hp.momentum)
-        else:
-            decay = hp.layer_decay
-            optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, decay, tensor_lr=captured)
+        optimizer = build_optimizer(self.model, **{name: hp[name] for name in OPTIONS}, tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)

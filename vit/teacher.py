@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from vit.cnn import AirbenchCNN
 from vit.errors import UsageError
+from vit.optim import sgd
 
 # airbench94's hyper-parameters (github.com/KellerJordan/cifar10-airbench, legacy/airbench94.py,
 # `hyp`) in its decoupled form: lr and weight_decay per 1024 images, the step size independent of
@@ -84,7 +85,7 @@ def airbench_optimizer(network: AirbenchCNN, batch_size: int) -> torch.optim.SGD
     groups = [dict(params=biases, lr=lr * hp["bias_scaler"]), dict(params=others, lr=lr)]
     for group in groups:
         group["weight_decay"] = decay / group["lr"]  # the decay a step: lr * weight_decay
-    return torch.optim.SGD(groups, momentum=hp["momentum"], nesterov=True)
+    return sgd(groups, hp["momentum"])
 
 
 class AirbenchTraining:
