@@ -1,6 +1,6 @@
-"""The whole training step as one graph (`vit.step`), checked on the CPU: Dynamo traces it without
-a break (augmentation, forward, backward, optimizer and EMA), a new learning rate or new random
-draws recompile nothing, and it trains as the eager step does (same seeds, same weights)."""
+"""The whole training step as one graph (`vit.captured_step`), checked on the CPU: Dynamo traces it
+without a break (augmentation, forward, backward, optimizer and EMA), a new learning rate or new
+random draws recompile nothing, and it trains as the eager step does (same seeds, same weights)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import torch
 from lab.cifar10_pack import fake_cifar10
 from vit import ViTClassifier, ViTConfig
 from vit.callbacks import EMA
+from vit.captured_step import init_state, tracing, update
 from vit.datamodules import CIFAR10
 from vit.errors import UsageError
 from vit.optim import Muon
-from vit.step import init_state, tracing, update
 
 VIT = ViTConfig(
     preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1], drop_path=0.1, pool="mean"
@@ -39,11 +39,11 @@ class Compilations:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """torch.compile in vit.step through the counting backend (inductor's C++ compilation takes
-    half a minute here; the graph Dynamo captures is the same)."""
+    """torch.compile in vit.captured_step through the counting backend (inductor's C++ compilation
+    takes half a minute here; the graph Dynamo captures is the same)."""
     backend = Compilations()
     compile_ = functools.partial(torch.compile, backend=backend, fullgraph=True)
-    monkeypatch.setattr("vit.step.torch.compile", lambda fn, mode=None, fullgraph=True: compile_(fn))
+    monkeypatch.setattr("vit.captured_step.torch.compile", lambda fn, mode=None, fullgraph=True: compile_(fn))
     torch._dynamo.reset()
     return backend
 

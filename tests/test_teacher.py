@@ -264,7 +264,7 @@ def test_an_airbench_teacher_trains_before_a_captured_step(tmp_path, monkeypatch
     graphs = []
     compile_ = torch.compile
     monkeypatch.setattr(
-        "vit.step.torch.compile",
+        "vit.captured_step.torch.compile",
         lambda fn, mode=None, fullgraph=True: compile_(
             fn, backend=lambda gm, inputs: graphs.append(gm) or gm.forward, fullgraph=True
         ),

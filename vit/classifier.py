@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Literal
 
@@ -12,7 +11,8 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
-from vit.callbacks import EMA, FiniteLoss, LearningRate, budget_callbacks, logged_step, training_progress
+from vit.callbacks import FiniteLoss, LearningRate, budget_callbacks, logged_step, training_progress
+from vit.captured_step import CapturedStep, capture, check_compile, compile_now
 from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
@@ -21,92 +21,20 @@ from vit.model import ViT
 from vit.optim import OPTIONS, build_optimizer, check_options, check_schedule, warmup_decay
 from vit.preparation import for_the_device, to_float
 from vit.pretrained import for_finetuning
-from vit.step import CapturedStep
 from vit.teacher import AIRBENCH, Teacher, load_teacher, train_airbench
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 WHITEN_SAMPLE = 5000  # training images whose patches whiten_stem measures (airbench's number)
-
-
-def capture(classifier: Classifier, mode: str) -> CapturedStep:
-    """The classifier's captured training step (`vit.step`), compiled here, before the training
-    clock starts, on a batch whose step is undone (weights, buffers, optimizer state, the
-    EMA's average and the random state as they were)."""
-    trainer, datamodule = classifier.trainer, classifier.trainer.datamodule
-    if trainer.world_size > 1:
-        raise UsageError("capture_step trains one process: its gradients skip DDP's all-reduce")
-    if not hasattr(datamodule, "augment"):
-        raise UsageError(f"capture_step augments in the step: {type(datamodule).__name__} has no augment()")
-    if getattr(datamodule, "mixup_alpha", 0) or getattr(datamodule, "cutmix_alpha", 0):
-        raise UsageError("capture_step draws on the device; MixUp and CutMix draw on the host: turn them off")
-    ema = next((c for c in trainer.callbacks if isinstance(c, EMA)), None)
-    optimizer = trainer.optimizers[0]
-    step = CapturedStep(classifier, optimizer, datamodule.augment, ema, mode)
-    # the scheduler warns that it steps before the optimizer where optimizer.step() is never
-    # called; the captured step updates before each scheduler step
-    optimizer._opt_called = True
-    start = time.perf_counter()
-    # the first batch as the training loader makes it (images, labels and what else it carries)
-    first = datamodule.training_data().__getitems__(range(datamodule.batch_size))
-    batch = [t.to(classifier.device) for t in first]
-    devices = [classifier.device] if classifier.device.type == "cuda" else []
-    with torch.random.fork_rng(devices), step.undone(), trainer.precision_plugin.train_step_context():
-        for _ in range(3):  # CUDA graphs record at the second call and replay from the third
-            step(*batch)
-    seconds = time.perf_counter() - start
-    print(f"captured the training step in {seconds:.1f} s, before the training clock starts")
-    if classifier.logger is not None:
-        classifier.logger.log_metrics({"time/capture_seconds": seconds}, step=0)
-    return step
-
-
-def compile_now(classifier: Classifier) -> None:
-    """Run a classifier's compiled network once as training will (forward and backward of a
-    batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
-    one), on random images, so that compilation happens here, before the training clock
-    (Lightning's Timer) starts: a time budget then buys steps, not compilation. Weights, buffers
-    (BatchNorm's statistics) and gradients are left as they were; the seconds are printed and
-    logged as `time/compile_seconds`. The random state is left as it was too."""
-    network, trainer, hparams = classifier.model, classifier.trainer, classifier.hparams
-    datamodule = trainer.datamodule
-    size, channels = hparams.get("image_size"), hparams.get("in_channels")
-    if datamodule is None or size is None or channels is None:
-        return
-    height, width = (size, size) if isinstance(size, int) else size
-    start = time.perf_counter()
-    buffers = [b.clone() for b in network.buffers()]
-    batch = datamodule.batch_size
-    val = len(datamodule.split("val"))
-    devices = [classifier.device] if classifier.device.type == "cuda" else []
-    # the random state forked: a compiled run draws what an eager one with the same seed draws
-    with torch.random.fork_rng(devices), trainer.precision_plugin.forward_context():
-        images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device), network)
-        network.train()
-        network(images).float().sum().backward()
-        network.eval()
-        with torch.inference_mode():
-            for n in {min(batch, val), val % batch} - {0}:
-                network(images[:n].clone())
-    network.train()
-    network.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for saved, buffer in zip(buffers, network.buffers(), strict=True):
-            buffer.copy_(saved)
-    seconds = time.perf_counter() - start
-    print(f"compiled in {seconds:.1f} s, before the training clock starts")
-    if classifier.logger is not None:
-        classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
 
 
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings (with `optimizer: muon`, Muon on
-    a ViT's block matrices beside it: `vit.optim`; with `optimizer: sgd`, SGD with Nesterov
-    momentum in its place), linear warm-up then a cosine
-    (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
-    whichever ends first. `compile: true` (or a mode) trains through `torch.compile`, compiled before the
-    training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
-    settings through `**kwargs`."""
+    a ViT's block matrices beside it; with `optimizer: sgd`, SGD with Nesterov momentum in its
+    place: `vit.optim`), linear warm-up then a cosine (or linear) decay over the step limit or the
+    time budget (`vit.callbacks.TimeBudget`), whichever ends first. `compile: true` (or a mode)
+    trains through `torch.compile`, compiled before the training clock starts; `capture_step`
+    compiles the whole step (`vit.captured_step`). Subclasses build `self.model` and pass these
+    training settings through `**kwargs`."""
 
     def __init__(
         self,
@@ -123,7 +51,7 @@ class Classifier(L.LightningModule):
         compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
         layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
         # the whole training step (augmentation, forward, backward, optimizer, EMA) as one graph,
-        # compiled in `compile`'s mode: no kernel launched from Python (vit.step)
+        # compiled in `compile`'s mode: no kernel launched from Python (vit.captured_step)
         capture_step: bool = False,
         # muon: Muon on the weight matrices of a ViT's blocks, AdamW on the rest (`vit.optim`);
         # sgd: SGD with Nesterov momentum (`momentum`) at lr, weight decay as L2
@@ -141,17 +69,7 @@ class Classifier(L.LightningModule):
         check_options(**{name: self.hparams[name] for name in OPTIONS})
         check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
-        require(not capture_step or optimizer != "sgd", "capture_step goes with optimizer=adamw or muon")
-        # a feature of recent torch releases (this project is tested with 2.14)
-        require(
-            not capture_step or hasattr(torch._dynamo.config, "trace_autograd_ops"),
-            "capture_step needs a torch whose Dynamo traces autograd.grad (trace_autograd_ops)",
-        )
-        require(
-            compile in (False, True, *COMPILE_MODES),
-            f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
-        )
-        require(not capture_step or compile, "capture_step compiles the step: set compile (true or a mode)")
+        check_compile(compile, capture_step, optimizer)
         self.automatic_optimization = not capture_step  # the captured step updates the weights itself
         self.captured: CapturedStep | None = None
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")

@@ -1,7 +1,12 @@
-"""The whole training step as one compiled graph: augmentation of the batch on its device, forward,
-loss, backward, the optimizer's update and the EMA's, traced once by `torch.compile` (fullgraph)
-and replayed, so that a step launches no kernel from Python (with `reduce-overhead`, one CUDA
-graph a step).
+"""Compiling a classifier before the training clock starts, and its whole training step as one
+compiled graph.
+
+`compile_now` runs a classifier's compiled network once as training and validation will, so that
+a time budget buys steps, not compilation. A captured step (`CapturedStep`, made and compiled by
+`capture`) is the whole training step: augmentation of the batch on its device, forward, loss,
+backward, the optimizer's update and the EMA's, traced once by `torch.compile` (fullgraph) and
+replayed, so that a step launches no kernel from Python (with `reduce-overhead`, one CUDA graph a
+step). `check_compile` refuses, in one line, a classifier's options that cannot go together.
 
 The eager step (`Classifier.training_step` with Lightning's automatic optimisation) is the one
 to read; this one computes the same thing in a form a compiler can take whole:
@@ -21,13 +26,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 import warnings
 
+import lightning as L
 import torch
 from torch.optim.adam import adam
 
-from vit.errors import UsageError
+from vit.callbacks import EMA
+from vit.errors import UsageError, require
 from vit.optim import muon, muon_options
+from vit.preparation import for_the_device
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def optimizers_of(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
@@ -162,3 +173,90 @@ class CapturedStep:
             with torch.no_grad():
                 for t, s in zip(tensors, saved, strict=True):
                     t.copy_(s)
+
+
+def check_compile(compile: bool | str, captured: bool, optimizer: str) -> None:
+    """A classifier's `compile` (true, false or a mode of `COMPILE_MODES`) and its captured step
+    refused in one line where they cannot be: a step captured without compiling, with an
+    optimizer `update` does not know, or by a torch whose Dynamo cannot trace the backward."""
+    require(not captured or optimizer != "sgd", "capture_step goes with optimizer=adamw or muon")
+    # a feature of recent torch releases (this project is tested with 2.14)
+    require(
+        not captured or hasattr(torch._dynamo.config, "trace_autograd_ops"),
+        "capture_step needs a torch whose Dynamo traces autograd.grad (trace_autograd_ops)",
+    )
+    require(
+        compile in (False, True, *COMPILE_MODES),
+        f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
+    )
+    require(not captured or compile, "capture_step compiles the step: set compile (true or a mode)")
+
+
+def capture(classifier: L.LightningModule, mode: str) -> CapturedStep:
+    """The captured training step of a `vit.classifier.Classifier`, compiled here, before the training
+    clock starts, on a batch whose step is undone (weights, buffers, optimizer state, the
+    EMA's average and the random state as they were)."""
+    trainer, datamodule = classifier.trainer, classifier.trainer.datamodule
+    if trainer.world_size > 1:
+        raise UsageError("capture_step trains one process: its gradients skip DDP's all-reduce")
+    if not hasattr(datamodule, "augment"):
+        raise UsageError(f"capture_step augments in the step: {type(datamodule).__name__} has no augment()")
+    if getattr(datamodule, "mixup_alpha", 0) or getattr(datamodule, "cutmix_alpha", 0):
+        raise UsageError("capture_step draws on the device; MixUp and CutMix draw on the host: turn them off")
+    ema = next((c for c in trainer.callbacks if isinstance(c, EMA)), None)
+    optimizer = trainer.optimizers[0]
+    step = CapturedStep(classifier, optimizer, datamodule.augment, ema, mode)
+    # the scheduler warns that it steps before the optimizer where optimizer.step() is never
+    # called; the captured step updates before each scheduler step
+    optimizer._opt_called = True
+    start = time.perf_counter()
+    # the first batch as the training loader makes it (images, labels and what else it carries)
+    first = datamodule.training_data().__getitems__(range(datamodule.batch_size))
+    batch = [t.to(classifier.device) for t in first]
+    devices = [classifier.device] if classifier.device.type == "cuda" else []
+    with torch.random.fork_rng(devices), step.undone(), trainer.precision_plugin.train_step_context():
+        for _ in range(3):  # CUDA graphs record at the second call and replay from the third
+            step(*batch)
+    seconds = time.perf_counter() - start
+    print(f"captured the training step in {seconds:.1f} s, before the training clock starts")
+    if classifier.logger is not None:
+        classifier.logger.log_metrics({"time/capture_seconds": seconds}, step=0)
+    return step
+
+
+def compile_now(classifier: L.LightningModule) -> None:
+    """Run a classifier's compiled network once as training will (forward and backward of a
+    batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
+    one), on random images, so that compilation happens here, before the training clock
+    (Lightning's Timer) starts: a time budget then buys steps, not compilation. Weights, buffers
+    (BatchNorm's statistics) and gradients are left as they were; the seconds are printed and
+    logged as `time/compile_seconds`. The random state is left as it was too."""
+    network, trainer, hparams = classifier.model, classifier.trainer, classifier.hparams
+    datamodule = trainer.datamodule
+    size, channels = hparams.get("image_size"), hparams.get("in_channels")
+    if datamodule is None or size is None or channels is None:
+        return
+    height, width = (size, size) if isinstance(size, int) else size
+    start = time.perf_counter()
+    buffers = [b.clone() for b in network.buffers()]
+    batch = datamodule.batch_size
+    val = len(datamodule.split("val"))
+    devices = [classifier.device] if classifier.device.type == "cuda" else []
+    # the random state forked: a compiled run draws what an eager one with the same seed draws
+    with torch.random.fork_rng(devices), trainer.precision_plugin.forward_context():
+        images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device), network)
+        network.train()
+        network(images).float().sum().backward()
+        network.eval()
+        with torch.inference_mode():
+            for n in {min(batch, val), val % batch} - {0}:
+                network(images[:n].clone())
+    network.train()
+    network.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for saved, buffer in zip(buffers, network.buffers(), strict=True):
+            buffer.copy_(saved)
+    seconds = time.perf_counter() - start
+    print(f"compiled in {seconds:.1f} s, before the training clock starts")
+    if classifier.logger is not None:
+        classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
