@@ -108,12 +108,13 @@ def tracing():
 class CapturedStep:
     """One training step of `classifier` on a uint8 batch, compiled whole in `mode` on its first
     call: `step(images, labels)` returns the loss (on the device, not read back) and the logits.
-    `augment` is the data module's (uint8 batch -> float images and labels); `ema` an
-    `vit.callbacks.EMA` whose average this step updates, or None."""
+    `datamodule` augments the batch in it (its `augment`: uint8 batch -> float images and labels);
+    `ema` is a `vit.callbacks.EMA` whose average this step updates, or None. Neither does that job
+    of its own while the step has taken it over (`take_over`, `give_back`)."""
 
-    def __init__(self, classifier, optimizer, augment, ema=None, mode: str = "default"):
+    def __init__(self, classifier, optimizer, datamodule, ema=None, mode: str = "default"):
         check_optimizer(optimizer)
-        self.classifier, self.optimizer, self.augment, self.ema = classifier, optimizer, augment, ema
+        self.classifier, self.optimizer, self.datamodule, self.ema = classifier, optimizer, datamodule, ema
         self.params = [p for p in classifier.model.parameters() if p.requires_grad]
         init_state(optimizer)
         self.average = None
@@ -130,7 +131,7 @@ class CapturedStep:
         self.compiled = torch.compile(self.step, mode=mode, fullgraph=True)
 
     def step(self, images: torch.Tensor, labels: torch.Tensor, *rest) -> tuple[torch.Tensor, ...]:
-        x, y = self.augment(images, labels, *rest)  # rest: the batch's indices (alternating flips)
+        x, y = self.datamodule.augment(images, labels, *rest)  # rest: the batch's indices (alternating flips)
         logits, loss = self.classifier.loss(x, y)
         grads = torch.autograd.grad(loss, self.params)
         with torch.no_grad():
@@ -160,6 +161,20 @@ class CapturedStep:
         if self.average is not None:
             found += [*self.average[0], *self.average[1], self.ema_step]
         return found
+
+    def take_over(self) -> None:
+        """Tell the data module that this step augments its raw batches, and the EMA callback that
+        this step updates its average: each reads its own flag (`step_augments`, `step_updates`)."""
+        self.datamodule.step_augments = True
+        if self.ema is not None:
+            self.ema.step_updates = True
+
+    def give_back(self) -> None:
+        """The data module augments its batches and the EMA updates its average again, as they do
+        for an eager step (a later fit of theirs may have one)."""
+        self.datamodule.step_augments = False
+        if self.ema is not None:
+            self.ema.step_updates = False
 
     @contextlib.contextmanager
     def undone(self):
@@ -205,7 +220,7 @@ def capture(classifier: L.LightningModule, mode: str) -> CapturedStep:
         raise UsageError("capture_step draws on the device; MixUp and CutMix draw on the host: turn them off")
     ema = next((c for c in trainer.callbacks if isinstance(c, EMA)), None)
     optimizer = trainer.optimizers[0]
-    step = CapturedStep(classifier, optimizer, datamodule.augment, ema, mode)
+    step = CapturedStep(classifier, optimizer, datamodule, ema, mode)
     # the scheduler warns that it steps before the optimizer where optimizer.step() is never
     # called; the captured step updates before each scheduler step
     optimizer._opt_called = True
@@ -221,6 +236,7 @@ def capture(classifier: L.LightningModule, mode: str) -> CapturedStep:
     print(f"captured the training step in {seconds:.1f} s, before the training clock starts")
     if classifier.logger is not None:
         classifier.logger.log_metrics({"time/capture_seconds": seconds}, step=0)
+    step.take_over()
     return step
 
 

@@ -69,8 +69,10 @@ class Classifier(L.LightningModule):
         check_options(**{name: self.hparams[name] for name in OPTIONS})
         check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
-        check_compile(compile, capture_step, optimizer)
-        self.automatic_optimization = not capture_step  # the captured step updates the weights itself
+        # capture_step, read here once: a captured step updates the weights itself (Lightning's
+        # manual optimisation), reads the learning rates as tensors and is made when fitting starts
+        self.automatic_optimization = not capture_step
+        check_compile(compile, not self.automatic_optimization, optimizer)
         self.captured: CapturedStep | None = None
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -117,16 +119,6 @@ class Classifier(L.LightningModule):
         self.lr_schedulers().step()  # fills the lr tensors in place
         return None
 
-    @property
-    def augments_batches(self) -> bool:
-        """Whether the training step augments its raw batches itself (the captured step does)."""
-        return self.captured is not None
-
-    @property
-    def updates_average(self) -> bool:
-        """Whether the training step updates the EMA callback's average itself."""
-        return self.captured is not None and self.captured.ema is not None
-
     def configure_callbacks(self) -> list:
         # the time budget and its clock where they are missing, the learning rate's logging, and a
         # stop where the loss diverges
@@ -145,8 +137,12 @@ class Classifier(L.LightningModule):
             mode = "default" if self.hparams.compile is True else self.hparams.compile
             self.model.compile(mode=mode)
             compile_now(self)
-            if self.hparams.get("capture_step"):
-                self.captured = capture(self, mode)
+            if not self.automatic_optimization:  # the captured step takes over the data module's
+                self.captured = capture(self, mode)  # augmentation and the EMA's update (take_over)
+
+    def on_fit_end(self) -> None:
+        if self.captured is not None:  # a later fit of the data module and the EMA may step eagerly
+            self.captured.give_back()
 
     def whitening_images(self) -> torch.Tensor:
         """Up to WHITEN_SAMPLE training images spread over the train split, float in [0, 1] on
@@ -196,7 +192,7 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        captured = hp.get("capture_step", False)  # the lr a tensor, which a compiled step reads
+        captured = not self.automatic_optimization  # the lr a tensor, which a captured step reads
         optimizer = build_optimizer(self.model, **{name: hp[name] for name in OPTIONS}, tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
