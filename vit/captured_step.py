@@ -162,6 +162,22 @@ class CapturedStep:
             found += [*self.average[0], *self.average[1], self.ema_step]
         return found
 
+    def start_at(self, step: int) -> None:
+        """Training starts (or resumes) after optimizer step `step`: the EMA's count of steps."""
+        if self.average is not None:
+            self.ema_step.fill_(step)
+
+    @contextlib.contextmanager
+    def counted(self, optimizer, scheduler):
+        """Lightning's count of an optimizer step (`global_step`) around this step, which updates
+        the weights itself: the hooks around Lightning's optimizer wrapper's `step()`, not the
+        call, which would run the optimizer's own update; then the scheduler's step (it fills the
+        lr tensors in place)."""
+        optimizer._on_before_step()
+        yield
+        optimizer._on_after_step()
+        scheduler.step()
+
     def take_over(self) -> None:
         """Tell the data module that this step augments its raw batches, and the EMA callback that
         this step updates its average: each reads its own flag (`step_augments`, `step_updates`)."""
@@ -276,3 +292,18 @@ def compile_now(classifier: L.LightningModule) -> None:
     print(f"compiled in {seconds:.1f} s, before the training clock starts")
     if classifier.logger is not None:
         classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
+
+
+def compile_training(
+    classifier: L.LightningModule, compile: bool | str, captured: bool
+) -> CapturedStep | None:
+    """A classifier's network compiled in place in `compile`'s mode (true: torch's default) and
+    run once before the training clock starts (`compile_now`); where `captured`, its whole training
+    step too, which is returned (`capture`: it takes over the data module's augmentation and the
+    EMA's update until `give_back`)."""
+    # in place: parameter names and checkpoints stay the eager network's; it stays compiled
+    # in this process (vit-eval and vit-attention rebuild it eagerly)
+    mode = "default" if compile is True else compile
+    classifier.model.compile(mode=mode)
+    compile_now(classifier)
+    return capture(classifier, mode) if captured else None

@@ -12,18 +12,16 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
 from vit.callbacks import FiniteLoss, LearningRate, budget_callbacks, logged_step, training_progress
-from vit.captured_step import CapturedStep, capture, check_compile, compile_now
+from vit.captured_step import CapturedStep, check_compile, compile_training
 from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
-from vit.layers import first_conv, whiten_
+from vit.layers import first_conv, whiten_, whitening_images
 from vit.model import ViT
 from vit.optim import OPTIONS, build_optimizer, check_options, check_schedule, warmup_decay
-from vit.preparation import for_the_device, to_float
+from vit.preparation import for_the_device
 from vit.pretrained import for_finetuning
 from vit.teacher import AIRBENCH, Teacher, load_teacher, train_airbench
-
-WHITEN_SAMPLE = 5000  # training images whose patches whiten_stem measures (airbench's number)
 
 
 class Classifier(L.LightningModule):
@@ -64,8 +62,7 @@ class Classifier(L.LightningModule):
         whiten_stem: bool = False,
     ):
         super().__init__()
-        # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # these arguments and the subclass's: a checkpoint rebuilds its model
         check_options(**{name: self.hparams[name] for name in OPTIONS})
         check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
@@ -74,9 +71,8 @@ class Classifier(L.LightningModule):
         self.automatic_optimization = not capture_step
         check_compile(compile, not self.automatic_optimization, optimizer)
         self.captured: CapturedStep | None = None
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        accuracy = lambda: MulticlassAccuracy(num_classes, average="micro")  # noqa: E731
+        self.train_acc, self.val_acc, self.test_acc = accuracy(), accuracy(), accuracy()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -109,49 +105,28 @@ class Classifier(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.captured is None:
             return self._step(batch, "train", self.train_acc)
-        # Lightning counts an optimizer step (global_step) in these two calls of its optimizer
-        # wrapper's step(), which would run the optimizer's own update: the captured step did it
-        optimizer = self.optimizers()
-        optimizer._on_before_step()
-        loss, logits = self.captured(*batch)
-        self._log("train", logits, batch[1], loss, self.train_acc)  # at the eager step's global_step
-        optimizer._on_after_step()
-        self.lr_schedulers().step()  # fills the lr tensors in place
+        with self.captured.counted(self.optimizers(), self.lr_schedulers()):
+            loss, logits = self.captured(*batch)
+            self._log("train", logits, batch[1], loss, self.train_acc)  # at the eager step's global_step
         return None
 
     def configure_callbacks(self) -> list:
-        # the time budget and its clock where they are missing, the learning rate's logging, and a
-        # stop where the loss diverges
+        # the time budget and its clock where missing, the lr's logging, a stop where the loss diverges
         return [*budget_callbacks(self.trainer), LearningRate(), FiniteLoss()]
 
     def on_fit_start(self) -> None:
         if self.hparams.whiten_stem and self.trainer.ckpt_path is None:  # a resumed run has its weights
-            self.whiten_stem(self.whitening_images())
+            self.whiten_stem(whitening_images(self.trainer.datamodule, self.device))
         if self.trainer.strategy.root_device.type == "cuda":
             # what stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
             # it on such GPUs; the results differ from fp32's in the 4th digit)
             torch.set_float32_matmul_precision("high")
-        if self.hparams.compile:
-            # in place: parameter names and checkpoints stay the eager network's; it stays compiled
-            # in this process (vit-eval and vit-attention rebuild it eagerly)
-            mode = "default" if self.hparams.compile is True else self.hparams.compile
-            self.model.compile(mode=mode)
-            compile_now(self)
-            if not self.automatic_optimization:  # the captured step takes over the data module's
-                self.captured = capture(self, mode)  # augmentation and the EMA's update (take_over)
+        if self.hparams.compile:  # a captured step takes over the data module's augmentation
+            self.captured = compile_training(self, self.hparams.compile, not self.automatic_optimization)
 
     def on_fit_end(self) -> None:
         if self.captured is not None:  # a later fit of the data module and the EMA may step eagerly
             self.captured.give_back()
-
-    def whitening_images(self) -> torch.Tensor:
-        """Up to WHITEN_SAMPLE training images spread over the train split, float in [0, 1] on
-        the model's device, for `whiten_stem`."""
-        datamodule = self.trainer.datamodule
-        train = datamodule.split("train") if hasattr(datamodule, "split") else None
-        images = getattr(train, "images", None)
-        require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
-        return to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
 
     def whiten_stem(self, images: torch.Tensor) -> None:
         """airbench's whitening initialisation of the network's first convolution from `images`:
@@ -159,8 +134,7 @@ class Classifier(L.LightningModule):
         raise NotImplementedError
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # the format's version, and how image files become model input (a checkpoint alone then
-        # classifies and draws them)
+        # the format's version, and how image files become model input (the checkpoint alone reads them)
         checkpoint[compat.CHECKPOINT_KEY] = compat.FORMAT_VERSION
         if (preparation := getattr(self.trainer.datamodule, "preparation", None)) is not None:
             checkpoint["preparation"] = preparation.to_dict()
@@ -170,9 +144,8 @@ class Classifier(L.LightningModule):
         compat.checkpoint(checkpoint)
 
     def on_train_start(self) -> None:
-        if self.captured is not None and self.captured.ema is not None:
-            # a resumed run's step count is known now (the checkpoint is read after on_fit_start)
-            self.captured.ema_step.fill_(self.trainer.global_step)
+        if self.captured is not None:  # a resumed run's step count is known now (read after on_fit_start)
+            self.captured.start_at(self.trainer.global_step)
         # A resumed run's training loader gets its place in the epoch back (ResumableLoader).
         # Lightning gives it when it builds the loader, but configure_optimizers built it earlier
         # (estimated_stepping_batches), before the checkpoint's loop state was read, and then the
@@ -191,8 +164,7 @@ class Classifier(L.LightningModule):
         return self(x).softmax(dim=-1)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        captured = not self.automatic_optimization  # the lr a tensor, which a captured step reads
+        hp, captured = self.hparams, not self.automatic_optimization  # a captured step reads lr tensors
         optimizer = build_optimizer(self.model, **{name: hp[name] for name in OPTIONS}, tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
