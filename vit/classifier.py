@@ -21,7 +21,7 @@ from vit.model import ViT
 from vit.optim import OPTIONS, build_optimizer, check_options, check_schedule, warmup_decay
 from vit.preparation import for_the_device
 from vit.pretrained import for_finetuning
-from vit.teacher import AIRBENCH, Teacher, load_teacher, train_airbench
+from vit.teacher import AIRBENCH, Teacher, distillation_loss, load_teacher, train_airbench
 
 
 class Classifier(L.LightningModule):
@@ -244,22 +244,19 @@ class ViTClassifier(Classifier):
         self.teacher: Teacher | None = None  # when fitting starts (a Teacher is no registered module)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """With a teacher, in training, DeiT's hard distillation: half the class head's
-        cross-entropy against `y` (with label smoothing), half the distillation head's against the
-        teacher's argmax for the same images; the logits are both heads' mean, as in eval."""
+        """With a teacher, in training, DeiT's hard distillation (`vit.teacher.distillation_loss`):
+        half the class head's loss, half the distillation head's against the teacher's answers."""
         if self.teacher is None or not self.training:
             return super().loss(x, y)
-        x = for_the_device(x, self.model)
-        logits, distilled = self.model.forward_heads(self.model.forward_features(x))
-        labels = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        answers = F.cross_entropy(distilled, self.teacher(x))
-        return (logits + distilled) / 2, (labels + answers) / 2
+        return distillation_loss(self.model, self.teacher, x, y, self.hparams.label_smoothing)
 
     def on_fit_start(self) -> None:
         # the teacher first: a captured step (compiled in Classifier.on_fit_start, after the
         # stem's whitening) includes the teacher
         if self.hparams.teacher not in (None, "airbench"):
-            self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes).to(self.device)
+            self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes, MODELS).to(
+                self.device
+            )
         super().on_fit_start()
 
     def on_train_start(self) -> None:
@@ -338,3 +335,12 @@ class CNNClassifier(Classifier):
     def on_train_epoch_start(self) -> None:
         if self.hparams.whiten_stem:
             self.model.freeze_stem(self.current_epoch, AIRBENCH["whiten_bias_epochs"])
+
+
+# The classifiers a checkpoint may name, by the class path LightningCLI records (either spelling);
+# checkpoints without one hold a ViTClassifier (`vit.checkpoint_file.build_model`).
+MODELS: dict[str, type[Classifier]] = {
+    f"{module}.{cls.__name__}": cls
+    for cls in (ViTClassifier, CNNClassifier)
+    for module in ("vit", "vit.classifier")
+}
