@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 import vit.optim
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
 from vit.errors import UsageError
-from vit.optim import OPTIONS, Combined, Muon, build_optimizer
+from vit.optim import Combined, Muon, OptimizerOptions, build_optimizer
 
 VIT = ViTConfig(preset="micro", patch_size=8, conv_stem=[8], conv_stem_strides=[1], patch_norm=True)
 
@@ -254,7 +254,7 @@ def test_sgd_steps_with_nesterov_momentum_and_l2_on_the_weight_matrices_alone():
     options = dict(optimizer="sgd", lr=lr, weight_decay=wd, momentum=m)
     classifier = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=VIT, **options)
     model = classifier.model
-    optimizer = build_optimizer(model, **{name: classifier.hparams[name] for name in OPTIONS})
+    optimizer = build_optimizer(model, OptimizerOptions.of(classifier.hparams))
     decayed = {
         name for name, p in model.named_parameters()
         for group in optimizer.param_groups if group["weight_decay"] for q in group["params"] if p is q

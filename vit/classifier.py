@@ -18,7 +18,7 @@ from vit.config import ViTConfig
 from vit.errors import UsageError, require
 from vit.layers import first_conv, whiten_, whitening_images
 from vit.model import ViT
-from vit.optim import OPTIONS, build_optimizer, check_options, check_schedule, warmup_decay
+from vit.optim import OptimizerOptions, build_optimizer, check_schedule, warmup_decay
 from vit.preparation import for_the_device
 from vit.pretrained import for_finetuning
 from vit.teacher import AIRBENCH, Teacher, distillation_loss, load_teacher, train_airbench
@@ -63,7 +63,7 @@ class Classifier(L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()  # these arguments and the subclass's: a checkpoint rebuilds its model
-        check_options(**{name: self.hparams[name] for name in OPTIONS})
+        OptimizerOptions.of(self.hparams)  # an option out of its range, or of another optimizer: one line
         check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         # capture_step, read here once: a captured step updates the weights itself (Lightning's
@@ -165,7 +165,7 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp, captured = self.hparams, not self.automatic_optimization  # a captured step reads lr tensors
-        optimizer = build_optimizer(self.model, **{name: hp[name] for name in OPTIONS}, tensor_lr=captured)
+        optimizer = build_optimizer(self.model, OptimizerOptions.of(hp), tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)

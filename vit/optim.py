@@ -1,6 +1,6 @@
 """The optimizers and learning-rate schedules of vit-train, behind one factory each:
-`build_optimizer` makes the one a classifier's options name (`check_options` refuses bad ones in
-one line), `warmup_decay` its schedule (`warmup_cosine`'s shape). AdamW (`adamw`) and SGD with
+`build_optimizer` makes the one a classifier's options name (`OptimizerOptions`, which refuses bad
+ones in one line), `warmup_decay` its schedule (`warmup_cosine`'s shape). AdamW (`adamw`) and SGD with
 Nesterov momentum (`sgd`, also airbench94's: `vit.teacher.airbench_optimizer`) take
 `decay_groups`: no weight decay on biases, norms and embeddings.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -35,8 +36,6 @@ from torch.optim.lr_scheduler import LambdaLR
 from vit.errors import require
 
 OPTIMIZERS = ("adamw", "muon", "sgd")
-# the classifier's options that `build_optimizer` and `check_options` take
-OPTIONS = ("optimizer", "lr", "weight_decay", "betas", "layer_decay", "momentum", "muon_lr", "muon_momentum")
 
 
 def block_matrices(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -267,63 +266,63 @@ class Combined(torch.optim.Optimizer):
         self.param_groups[:] = [group for o in self.optimizers for group in o.param_groups]
 
 
+@dataclass(frozen=True)
+class OptimizerOptions:
+    """A classifier's optimizer options, as it saves them (their defaults and help are its own:
+    `vit.classifier.Classifier`), each refused in one line where out of its range or with an
+    optimizer it does not go with: `optimizer` names AdamW (`layer_decay` its only user), Muon (at
+    `muon_lr` on the block matrices, AdamW at `lr` on the rest) or SGD (Nesterov `momentum`)."""
+
+    optimizer: str
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    layer_decay: float | None
+    momentum: float
+    muon_lr: float
+    muon_momentum: float
+
+    def __post_init__(self):
+        lr, layer_decay, optimizer = self.lr, self.layer_decay, self.optimizer
+        require(lr > 0, f"lr={lr} must be positive")
+        require(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
+        require(all(0 <= b < 1 for b in self.betas), f"betas={self.betas} must lie in [0, 1)")
+        require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
+        require(optimizer in OPTIMIZERS, f"optimizer={optimizer!r} must be 'adamw', 'muon' or 'sgd'")
+        require(self.muon_lr > 0, f"muon_lr={self.muon_lr} must be positive")
+        require(0 <= self.muon_momentum < 1, f"muon_momentum={self.muon_momentum} must lie in [0, 1)")
+        require(0 <= self.momentum < 1, f"momentum={self.momentum} must lie in [0, 1)")
+        require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
+        # a feature of recent torch releases (this project is tested with 2.14)
+        require(
+            optimizer != "muon" or hasattr(torch.optim, "Muon"),
+            "optimizer=muon needs torch.optim.Muon (torch >= 2.9)",
+        )
+
+    @classmethod
+    def of(cls, hparams: Mapping) -> OptimizerOptions:
+        """The options among a classifier's hyper-parameters."""
+        return cls(**{option.name: hparams[option.name] for option in fields(cls)})
+
+
 def build_optimizer(
-    model: nn.Module,
-    *,
-    optimizer: str,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    layer_decay: float | None,
-    momentum: float,
-    muon_lr: float,
-    muon_momentum: float,
-    tensor_lr: bool = False,
+    model: nn.Module, options: OptimizerOptions, tensor_lr: bool = False
 ) -> torch.optim.Optimizer:
-    """The optimizer of `model` that `optimizer` names, with the classifier's options (`OPTIONS`):
-    `adamw` (`layer_decay` its only user), `muon` (Muon at `muon_lr` on the block matrices, AdamW
-    at `lr` on the rest: `Combined`) or `sgd` (Nesterov `momentum`). With `tensor_lr`, the
-    learning rates are tensors, which a captured step (`vit.captured_step`) reads."""
-    device = next(model.parameters()).device
-    if optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
+    """The optimizer of `model` that `options` name. With `tensor_lr`, the learning rates are
+    tensors, which a captured step (`vit.captured_step`) reads."""
+    o, device = options, next(model.parameters()).device
+    if o.optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
         matrices = block_matrices(model)
         require(bool(matrices), "optimizer=muon needs transformer blocks (a ViT of depth 1 or more)")
-        muon_lr = torch.tensor(muon_lr, device=device) if tensor_lr else muon_lr
-        muon = Muon(matrices.values(), lr=muon_lr, momentum=muon_momentum, weight_decay=weight_decay)
-        rest = adamw(model, lr, weight_decay, betas, exclude=matrices, tensor_lr=tensor_lr)
+        muon_lr = torch.tensor(o.muon_lr, device=device) if tensor_lr else o.muon_lr
+        muon = Muon(matrices.values(), lr=muon_lr, momentum=o.muon_momentum, weight_decay=o.weight_decay)
+        rest = adamw(model, o.lr, o.weight_decay, o.betas, exclude=matrices, tensor_lr=tensor_lr)
         return Combined([muon, rest])
-    if optimizer == "sgd":  # torch's default on a CPU loops over the parameters
-        return sgd(decay_groups(model, lr, weight_decay), momentum, foreach=device.type != "cuda" or None)
-    return adamw(model, lr, weight_decay, betas, layer_decay, tensor_lr=tensor_lr)
-
-
-def check_options(
-    *,
-    optimizer: str,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    layer_decay: float | None,
-    momentum: float,
-    muon_lr: float,
-    muon_momentum: float,
-) -> None:
-    """`build_optimizer`'s options refused in one line: each out of its range, or with an
-    optimizer it does not go with."""
-    require(lr > 0, f"lr={lr} must be positive")
-    require(weight_decay >= 0, f"weight_decay={weight_decay} must be >= 0")
-    require(all(0 <= b < 1 for b in betas), f"betas={betas} must lie in [0, 1)")
-    require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
-    require(optimizer in OPTIMIZERS, f"optimizer={optimizer!r} must be 'adamw', 'muon' or 'sgd'")
-    require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
-    require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
-    require(0 <= momentum < 1, f"momentum={momentum} must lie in [0, 1)")
-    require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
-    # a feature of recent torch releases (this project is tested with 2.14)
-    require(
-        optimizer != "muon" or hasattr(torch.optim, "Muon"),
-        "optimizer=muon needs torch.optim.Muon (torch >= 2.9)",
-    )
+    if o.optimizer == "sgd":  # torch's default on a CPU loops over the parameters
+        return sgd(
+            decay_groups(model, o.lr, o.weight_decay), o.momentum, foreach=device.type != "cuda" or None
+        )
+    return adamw(model, o.lr, o.weight_decay, o.betas, o.layer_decay, tensor_lr=tensor_lr)
 
 
 def warmup_cosine(
