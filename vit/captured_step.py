@@ -1,8 +1,9 @@
 """Compiling a classifier before the training clock starts, and its whole training step as one
 compiled graph.
 
-`compile_now` runs a classifier's compiled network once as training and validation will, so that
-a time budget buys steps, not compilation. A captured step (`CapturedStep`, made and compiled by
+`compile_training` compiles a classifier's network in place and runs it once as training and
+validation will (`compile_now`), so that a time budget buys steps, not compilation; with
+`capture_step`, it captures the step too. A captured step (`CapturedStep`, made and compiled by
 `capture`) is the whole training step: augmentation of the batch on its device, forward, loss,
 backward, the optimizer's update and the EMA's, traced once by `torch.compile` (fullgraph) and
 replayed, so that a step launches no kernel from Python (with `reduce-overhead`, one CUDA graph a
@@ -115,6 +116,7 @@ class CapturedStep:
     def __init__(self, classifier, optimizer, datamodule, ema=None, mode: str = "default"):
         check_optimizer(optimizer)
         self.classifier, self.optimizer, self.datamodule, self.ema = classifier, optimizer, datamodule, ema
+        self.augment = datamodule.augment
         self.params = [p for p in classifier.model.parameters() if p.requires_grad]
         init_state(optimizer)
         self.average = None
@@ -131,7 +133,7 @@ class CapturedStep:
         self.compiled = torch.compile(self.step, mode=mode, fullgraph=True)
 
     def step(self, images: torch.Tensor, labels: torch.Tensor, *rest) -> tuple[torch.Tensor, ...]:
-        x, y = self.datamodule.augment(images, labels, *rest)  # rest: the batch's indices (alternating flips)
+        x, y = self.augment(images, labels, *rest)  # rest: the batch's indices (alternating flips)
         logits, loss = self.classifier.loss(x, y)
         grads = torch.autograd.grad(loss, self.params)
         with torch.no_grad():

@@ -121,7 +121,7 @@ class Classifier(L.LightningModule):
             # what stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
             # it on such GPUs; the results differ from fp32's in the 4th digit)
             torch.set_float32_matmul_precision("high")
-        if self.hparams.compile:  # a captured step takes over the data module's augmentation
+        if self.hparams.compile:  # a captured step takes over augmentation and the EMA's update
             self.captured = compile_training(self, self.hparams.compile, not self.automatic_optimization)
 
     def on_fit_end(self) -> None:
