@@ -1,8 +1,8 @@
 """The modules of vit import one another without a cycle. Read from their source with `ast`, imports
 inside functions (and under TYPE_CHECKING) included: an import deferred to a function closes a
 cycle all the same, only later and further from where it was written. A package's `__init__` runs
-before its modules, but vit's imports nothing of its own when it runs (its names are imported on
-first use), so that is no edge. Imports made at run time from data (`importlib`: an old class path
+before its modules, but vit's imports none of them when it runs (its names are imported on first
+use), so that is no edge. Imports made at run time from data (`importlib`: an old class path
 through `vit.compat.moved_class`, a data module a user names) are not read."""
 
 import ast
