@@ -32,9 +32,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.throughput import pick_device, seconds_per_call  # noqa: E402
-from vit.classifier import adamw  # noqa: E402
 from vit.datamodules import CIFAR10  # noqa: E402
 from vit.model import ViT  # noqa: E402
+from vit.optim import adamw  # noqa: E402
 
 SHARED_COPY = ROOT.parent / "shared" / "data" / "cifar10-jpeg"  # this project's machines
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}

@@ -27,10 +27,9 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.classifier import adamw
 from vit.config import ViTConfig
 from vit.model import ViT
-from vit.optim import cpu_has_native_bf16
+from vit.optim import adamw, cpu_has_native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_IMAGES = 45_000  # CIFAR-10's 50,000 less the 5,000 held out for validation

@@ -65,10 +65,9 @@ sys.path.insert(0, str(ROOT))  # run as a script: `lab` and `vit` import from th
 
 from lab.machine import hardware  # noqa: E402
 from lab.peers import CONFIG, MODULES, PEERS  # noqa: E402
-from vit.classifier import adamw  # noqa: E402
 from vit.config import PRESETS  # noqa: E402
 from vit.model import ViT  # noqa: E402
-from vit.optim import cpu_has_native_bf16  # noqa: E402
+from vit.optim import adamw, cpu_has_native_bf16  # noqa: E402
 
 # ViT-S/16 at 224, ImageNet's classes: the ViT paper's small model
 VIT_S16 = dict(image_size=224, patch_size=16, **PRESETS["s"], num_classes=1000)

@@ -1,6 +1,6 @@
-"""The whole training step as one graph (`vit.step`), checked on the CPU: Dynamo traces it without
-a break (augmentation, forward, backward, optimizer and EMA), a new learning rate or new random
-draws recompile nothing, and it trains as the eager step does (same seeds, same weights)."""
+"""The whole training step as one graph (`vit.captured_step`), checked on the CPU: Dynamo traces it
+without a break (augmentation, forward, backward, optimizer and EMA), a new learning rate or new
+random draws recompile nothing, and it trains as the eager step does (same seeds, same weights)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import torch
 from lab.cifar10_pack import fake_cifar10
 from vit import ViTClassifier, ViTConfig
 from vit.callbacks import EMA
+from vit.captured_step import init_state, tracing, update
 from vit.datamodules import CIFAR10
 from vit.errors import UsageError
 from vit.optim import Muon
-from vit.step import init_state, tracing, update
 
 VIT = ViTConfig(
     preset="micro", patch_size=4, conv_stem=[8], conv_stem_strides=[1], drop_path=0.1, pool="mean"
@@ -39,11 +39,11 @@ class Compilations:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """torch.compile in vit.step through the counting backend (inductor's C++ compilation takes
-    half a minute here; the graph Dynamo captures is the same)."""
+    """torch.compile in vit.captured_step through the counting backend (inductor's C++ compilation
+    takes half a minute here; the graph Dynamo captures is the same)."""
     backend = Compilations()
     compile_ = functools.partial(torch.compile, backend=backend, fullgraph=True)
-    monkeypatch.setattr("vit.step.torch.compile", lambda fn, mode=None, fullgraph=True: compile_(fn))
+    monkeypatch.setattr("vit.captured_step.torch.compile", lambda fn, mode=None, fullgraph=True: compile_(fn))
     torch._dynamo.reset()
     return backend
 
@@ -142,19 +142,24 @@ def test_the_captured_step_trains_as_the_eager_step(tmp_path, counted, lever):
 @pytest.mark.slow
 def test_the_warm_up_before_the_clock_changes_nothing(tmp_path, counted):
     """Capturing runs three steps on random images before training: they leave the weights, the
-    optimizer state and the EMA as they were."""
+    optimizer state and the EMA as they were. When fitting ends, the data module augments its
+    batches and the EMA updates its average again (the step had taken both over)."""
     L.seed_everything(0)
     root = fake_cifar10(tmp_path / "data", per_class=12)
     datamodule = CIFAR10(root=str(root), val_size=16, batch_size=16, policy="trivial")
     model = ViTClassifier(vit=VIT, compile=True, capture_step=True)
     model.model.compile = lambda mode=None: None
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    ema = EMA(decay=0.9)
     trainer = L.Trainer(
         accelerator="cpu", max_steps=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, num_sanity_val_steps=0, callbacks=[EMA(decay=0.9)],
+        enable_progress_bar=False, num_sanity_val_steps=0, callbacks=[ema],
     )  # fmt: skip
     trainer.fit(model, datamodule)
     assert model.captured is not None and counted.graphs == 1
+    assert not datamodule.step_augments and not ema.step_updates
+    model.captured.take_over()
+    assert datamodule.step_augments and ema.step_updates
     for name, value in model.model.state_dict().items():
         assert torch.equal(value, before[name]), name
     state = trainer.optimizers[0].state

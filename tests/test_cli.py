@@ -175,7 +175,7 @@ def test_bf16_mixed_trains_on_cpu(monkeypatch, runs):
 
 class Snapshots(L.Callback):
     """The network's buffers and gradients when fit starts and when training starts: between the
-    two, `compile: true` compiles (vit.classifier.compile_now)."""
+    two, `compile: true` compiles (vit.captured_step.compile_now)."""
 
     @staticmethod
     def statistics(network) -> list[torch.Tensor]:

@@ -9,11 +9,12 @@ from helpers import command_error, tiny_args
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR
 
 from vit.checkpoint import load_model
-from vit.classifier import CNNClassifier, adamw, warmup_cosine
+from vit.classifier import CNNClassifier
 from vit.commands import train as cli
 from vit.errors import UsageError
 from vit.export import save_folder
 from vit.model import ViT, resample_pos_embed
+from vit.optim import adamw, warmup_cosine
 from vit.preparation import Preparation
 from vit.pretrained import for_finetuning
 

@@ -18,7 +18,7 @@ from benchmarks import gpu_check
 from lab.cifar10_pack import fake_cifar10, files_of, pack, unpack
 from vit import TwoCircles, ViTClassifier, ViTConfig
 from vit.callbacks import EMA
-from vit.classifier import warmup_cosine
+from vit.optim import warmup_cosine
 
 
 def test_linear_decay_falls_in_a_straight_line_to_the_floor():
@@ -207,13 +207,13 @@ def test_the_cost_of_the_recipe_adds_up_by_part():
 def test_compile_takes_a_mode(tmp_path, monkeypatch, given, mode):
     """`--model.compile true` compiles in torch's default mode; a mode name (reduce-overhead:
     CUDA graphs) is passed on; anything else is one line."""
-    from vit import classifier
+    from vit import captured_step
     from vit.commands.train import run as train
     from vit.errors import UsageError
 
     modes = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: modes.append(kwargs["mode"]))
-    monkeypatch.setattr(classifier, "compile_now", lambda model: None)
+    monkeypatch.setattr(captured_step, "compile_now", lambda model: None)
     args = ["fit", "--config", "configs/two_circles.yaml", "--model.vit.preset", "micro",
             "--model.compile", str(given).lower(), "--trainer.max_steps", "1",
             "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",

@@ -16,8 +16,8 @@ from syncs import WouldWait, training_tensors
 from lab.cifar10_pack import fake_cifar10
 from vit import ViT, ViTClassifier, ViTConfig
 from vit.callbacks import EMA, ProgressBar
-from vit.classifier import adamw
 from vit.datamodules import CIFAR10, InMemory, ShuffledBatches, batches, whole_batch
+from vit.optim import adamw
 
 
 def test_the_checker_sees_each_kind_of_wait_and_nothing_on_the_host():

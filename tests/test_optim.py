@@ -15,9 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 import vit.optim
 from vit import CNNClassifier, TwoCircles, ViTClassifier, ViTConfig
-from vit.classifier import sgd
 from vit.errors import UsageError
-from vit.optim import Combined, Muon
+from vit.optim import Combined, Muon, OptimizerOptions, build_optimizer
 
 VIT = ViTConfig(preset="micro", patch_size=8, conv_stem=[8], conv_stem_strides=[1], patch_norm=True)
 
@@ -246,14 +245,16 @@ def test_muon_is_refused_where_it_has_no_blocks_or_with_layer_decay():
 
 
 def test_sgd_steps_with_nesterov_momentum_and_l2_on_the_weight_matrices_alone():
-    """Two steps of `sgd` on a micro ViT against SGD written out: g' = g + wd * p where the
-    parameter decays, b = m * b + g' (b = g' at first), p -= lr * (g' + m * b). Biases, norms,
-    positions and the class token do not decay; the stem's, embedding's, blocks' and head's
-    matrices do."""
+    """Two steps of a classifier's `optimizer="sgd"` (`build_optimizer`) on a micro ViT against SGD
+    written out: g' = g + wd * p where the parameter decays, b = m * b + g' (b = g' at first),
+    p -= lr * (g' + m * b). Biases, norms, positions and the class token do not decay; the
+    stem's, embedding's, blocks' and head's matrices do."""
     torch.manual_seed(0)
-    model = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=VIT).model
     lr, wd, m = 0.05, 0.1, 0.85
-    optimizer = sgd(model, lr, wd, m)
+    options = dict(optimizer="sgd", lr=lr, weight_decay=wd, momentum=m)
+    classifier = ViTClassifier(num_classes=4, image_size=32, in_channels=1, vit=VIT, **options)
+    model = classifier.model
+    optimizer = build_optimizer(model, OptimizerOptions.of(classifier.hparams))
     decayed = {
         name for name, p in model.named_parameters()
         for group in optimizer.param_groups if group["weight_decay"] for q in group["params"] if p is q

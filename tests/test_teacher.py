@@ -15,6 +15,7 @@ from torch import nn
 
 from lab.cifar10_pack import fake_cifar10
 from vit import CIFAR10, CNNClassifier, ViTClassifier, ViTConfig, compat
+from vit.classifier import MODELS
 from vit.cnn import AirbenchCNN
 from vit.commands import train as cli
 from vit.commands.eval import EvalOptions, evaluate
@@ -140,9 +141,9 @@ def test_a_teacher_needs_a_distillation_token_and_the_datas_classes(tmp_path):
         ViTClassifier(**STUDENT, teacher="airbench", teacher_epochs=0)
     three = save_classifier(CNNClassifier(num_classes=3, in_channels=1, width=8), tmp_path / "three.ckpt")
     with pytest.raises(UsageError, match=r"three.ckpt tells 3 classes apart, the data has 4$"):
-        load_teacher(three, num_classes=4)
+        load_teacher(three, num_classes=4, models=MODELS)
     with pytest.raises(FileNotFoundError, match=r"teacher .*missing.ckpt: no such checkpoint"):
-        load_teacher(tmp_path / "missing.ckpt", num_classes=4)
+        load_teacher(tmp_path / "missing.ckpt", num_classes=4, models=MODELS)
 
 
 @pytest.mark.slow
@@ -264,7 +265,7 @@ def test_an_airbench_teacher_trains_before_a_captured_step(tmp_path, monkeypatch
     graphs = []
     compile_ = torch.compile
     monkeypatch.setattr(
-        "vit.step.torch.compile",
+        "vit.captured_step.torch.compile",
         lambda fn, mode=None, fullgraph=True: compile_(
             fn, backend=lambda gm, inputs: graphs.append(gm) or gm.forward, fullgraph=True
         ),

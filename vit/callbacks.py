@@ -337,6 +337,9 @@ class EMA(WeightAveraging):
             raise ValueError(f"EMA decay={decay} must lie in (0, 1)")
         super().__init__(use_buffers=True)
         self.decay = decay
+        # True while a captured training step updates the average in its graph instead
+        # (`vit.captured_step.CapturedStep.take_over`)
+        self.step_updates = False
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -344,7 +347,7 @@ class EMA(WeightAveraging):
         if step <= self._latest_update_step:
             return
         self._latest_update_step = step
-        if not getattr(pl_module, "updates_average", False):  # a captured step updates it itself
+        if not self.step_updates:
             self.update(self.pairs(pl_module), self.weight(step))
 
     def weight(self, step: int | torch.Tensor) -> float | torch.Tensor:

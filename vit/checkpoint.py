@@ -1,11 +1,11 @@
-"""Checkpoints written by vit-train, read the one safe way, and what they rebuild.
+"""Checkpoints written by vit-train: what they rebuild, and how they are written.
 
-`read_checkpoint` is the one reader of every command (vit-train's --ckpt_path included): the file
-is loaded with `weights_only=True` (tensors and plain containers only), so a checkpoint that
-would run code when unpickled is refused and none of its code runs; a missing, truncated or
-foreign file is one line naming it. `load_model` rebuilds the model and its `Preparation` (how
-image files become its input) from the checkpoint alone, with no data module and no data files;
-`load_checkpoint` rebuilds the data module too, for evaluating on a split.
+`read_checkpoint` (`vit.checkpoint_file`) is the one reader of every command (vit-train's
+--ckpt_path included), which refuses a file that would run code, and `build_model` rebuilds its
+classifier, of the classes `vit.classifier.MODELS` holds. `load_model` rebuilds the model and its
+`Preparation` (how image files become its input) from the checkpoint alone, with no data module
+and no data files; `load_checkpoint` rebuilds the data module too, for evaluating on a split.
+`AtomicCheckpointIO` writes checkpoints whole or not at all.
 
 A checkpoint names its data module by class path, and only the classes of `DATAMODULES` are
 rebuilt from that name: a file must not decide what code is imported. A data module of your own
@@ -16,10 +16,7 @@ commands' `--datamodule`).
 from __future__ import annotations
 
 import importlib
-import inspect
 import io
-import pickle
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,22 +25,15 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from vit import compat, storage
-from vit.classifier import Classifier, CNNClassifier, ViTClassifier
+from vit import storage
+from vit.checkpoint_file import build_model, keyword_options, read_checkpoint, recorded_arguments
+from vit.classifier import MODELS, Classifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
-from vit.errors import UsageError, one_line
+from vit.errors import UsageError
 from vit.preparation import Preparation
 from vit.pretrained import load_source
 from vit.streaming import StreamingImages
 from vit.two_circles import TwoCircles
-
-# Models a checkpoint may name, by the class path LightningCLI records (either spelling);
-# checkpoints without one hold a ViTClassifier.
-MODELS: dict[str, type[Classifier]] = {
-    f"{module}.{cls.__name__}": cls
-    for cls in (ViTClassifier, CNNClassifier)
-    for module in ("vit", "vit.classifier")
-}
 
 # Data modules a checkpoint may name, by the class path LightningCLI records: the package's name
 # for them or their module's (vit.compat renames those of older versions).
@@ -56,35 +46,6 @@ DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     },
     "vit.streaming.StreamingImages": StreamingImages,
 }
-
-
-def _public(hparams: dict) -> dict:
-    return {k: v for k, v in hparams.items() if not k.startswith("_")}
-
-
-def _reason(error: pickle.UnpicklingError) -> str:
-    """What the file wanted unpickled, out of torch's many-line advice (such as
-    "Unsupported global: GLOBAL builtins.print")."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # no terminal colours in a one-line error
-    match = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\.?$)", text, re.MULTILINE)
-    return match[1] if match else text.strip().splitlines()[0]
-
-
-def state_dict_mismatch(error: RuntimeError) -> str | None:
-    """torch's many-line report of weights that do not fit a model, on one line of at most about
-    300 characters; None for any other RuntimeError."""
-    text = " ".join(line.strip() for line in str(error).strip().splitlines())
-    if not text.startswith("Error(s) in loading state_dict"):
-        return None
-    return text if len(text) <= 300 else text[:300] + " ..."
-
-
-def _options(cls: type) -> list[str]:
-    """The keyword arguments `cls(...)` takes."""
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    return [
-        p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -116,52 +77,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         source = io.BytesIO(storage.read_bytes(str(path)))
         return torch.load(source, map_location=map_location, weights_only=weights_only)
-
-
-def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """The contents of a checkpoint written by vit-train (of any version: `vit.compat` upgrades
-    older ones to today's format), read without unpickling code. A missing
-    file is a FileNotFoundError; a file that would run code, a truncated or corrupt one, or one
-    that is no vit-train checkpoint a ValueError: each a line that names the file. `path` may be a
-    URL (s3://bucket/.../best.ckpt, `vit.storage`)."""
-    path = str(path) if storage.is_url(path) else Path(path)
-    if not storage.is_file(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    source = io.BytesIO(storage.read_bytes(path)) if isinstance(path, str) else path
-    try:
-        ckpt = torch.load(source, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Unsupported global" in str(e) or "allowed global" in str(e):  # code it would run
-            raise ValueError(f"refusing {path}: it is not a plain-tensor checkpoint ({_reason(e)})") from e
-        raise ValueError(f"{path} is not a readable checkpoint (not a torch.save file?)") from e
-    except (EOFError, OSError, RuntimeError, ValueError) as e:  # the zip reader on a cut file: OSError
-        raise ValueError(
-            f"{path} is not a readable checkpoint (truncated or corrupt? {one_line(e)[:200]})"
-        ) from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
-        raise ValueError(f"{path} is not a checkpoint written by vit-train")
-    return compat.checkpoint(ckpt)
-
-
-def build_model(ckpt: dict, path: str | Path) -> Classifier:
-    """The classifier of a checkpoint's contents, with its weights, in eval mode."""
-    hparams = ckpt["hyper_parameters"]
-    model_class = MODELS.get(hparams.get("_class_path", "vit.ViTClassifier"))
-    if model_class is None:
-        raise ValueError(f"{path} names an unknown model {hparams['_class_path']!r}")
-    # options or weights this version does not have: one line, not a traceback
-    name, hint = model_class.__name__, "written by another version of vit?"
-    unknown = sorted(set(_public(hparams)) - set(_options(model_class)) - set(_options(Classifier)))
-    if unknown:
-        raise ValueError(f"cannot rebuild {name} from {path} ({hint}): no option {', '.join(unknown)}")
-    model = model_class(**_public(hparams))
-    try:
-        model.load_state_dict(ckpt["state_dict"])
-    except RuntimeError as e:
-        if (reason := state_dict_mismatch(e)) is None:
-            raise
-        raise ValueError(f"cannot rebuild {name} from {path} ({hint}): {reason}") from e
-    return model.eval()
 
 
 def _import_datamodule(given: type | str) -> type[L.LightningDataModule]:
@@ -219,7 +134,7 @@ def preparation_of(
         if "preparation" in ckpt:
             return Preparation.from_dict(ckpt["preparation"])
         if dm_hparams:
-            preparation = cls.preparation_for(_public(dm_hparams))
+            preparation = cls.preparation_for(recorded_arguments(dm_hparams))
             # image folders recorded no class names before they were kept: number them
             return preparation if preparation.classes else replace(preparation, classes=numbered)
     except (AttributeError, TypeError, KeyError, ValueError) as e:  # ValueError: a bad value (UsageError)
@@ -236,7 +151,7 @@ def load_model(
     files needs. Builds no data module and reads no data file (`datamodule_class`: see
     `preparation_of`)."""
     ckpt = read_checkpoint(path, map_location)
-    model = build_model(ckpt, path)
+    model = build_model(ckpt, path, MODELS)
     return model, preparation_of(ckpt, model, path, datamodule_class)
 
 
@@ -282,7 +197,7 @@ def load_checkpoint(
     """Model (in eval mode) and data module (None if the checkpoint names none) of a checkpoint,
     for measuring the model on a split of its data: `build_model` and `load_datamodule`."""
     ckpt = read_checkpoint(path, map_location)
-    return build_model(ckpt, path), load_datamodule(path, cls=datamodule_class, data=data, ckpt=ckpt)
+    return build_model(ckpt, path, MODELS), load_datamodule(path, cls=datamodule_class, data=data, ckpt=ckpt)
 
 
 def load_datamodule(
@@ -305,12 +220,12 @@ def load_datamodule(
             raise UsageError(f"{path} names no data module, so there is none to build as {cls}")
         return None
     cls = _datamodule_class(dm_hparams, path, cls)
-    options = _options(cls)
+    options = keyword_options(cls)
     unknown = sorted(set(data) - set(options))
     if unknown:
         raise UsageError(f"{cls.__name__} has no option {', '.join(unknown)}; it has {', '.join(options)}")
     try:
-        return cls(**{**_public(dm_hparams), **data})
+        return cls(**{**recorded_arguments(dm_hparams), **data})
     except TypeError as e:  # a value of the wrong type, found by the constructor
         given = f" with {data}" if data else ""
         raise UsageError(f"cannot build {cls.__name__} from {path}{given}: {e}") from e

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Literal
 
@@ -12,241 +9,32 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit import compat
-from vit.callbacks import EMA, FiniteLoss, LearningRate, budget_callbacks, logged_step, training_progress
+from vit.callbacks import FiniteLoss, LearningRate, budget_callbacks, logged_step, training_progress
+from vit.captured_step import CapturedStep, check_compile, compile_training
 from vit.cnn import AirbenchCNN, BagCNN, ResNet
 from vit.config import ViTConfig
 from vit.errors import UsageError, require
-from vit.layers import first_conv, whiten_
+from vit.layers import first_conv, whiten_, whitening_images
+from vit.metrics import MeanLoss
 from vit.model import ViT
-from vit.optim import Combined, Muon, block_matrices
-from vit.preparation import for_the_device, to_float
+from vit.optim import OptimizerOptions, build_optimizer, check_schedule, warmup_decay
+from vit.preparation import for_the_device
 from vit.pretrained import for_finetuning
-from vit.step import CapturedStep
-from vit.teacher import AIRBENCH, Teacher, load_teacher, train_airbench
-
-
-def decay_groups(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float,
-    layer_decay: float | None = None,
-    tensor_lr: bool = False,
-    exclude: Collection[str] = (),
-) -> list[dict]:
-    """The parameter groups of `model` for AdamW or SGD: no weight decay on biases, norms and the
-    parameters in `model.no_weight_decay()`, none of the parameters named in `exclude` (another
-    optimizer's). With `layer_decay` (a ViT's `layer_of`), a parameter at depth d of a model of
-    depth D + 2 learns at lr * layer_decay ** (D + 1 - d): the head at lr, the embeddings slowest
-    (BEiT's layer-wise decay, for fine-tuning). With `tensor_lr`, each group's learning rate is a
-    tensor on the parameters' device, which the scheduler fills in place (what a compiled step
-    reads without recompiling)."""
-    skip = getattr(model, "no_weight_decay", set)()
-    top = len(model.blocks) + 1 if layer_decay is not None else 0
-    groups: dict[tuple[int, bool], list] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad or name in exclude:
-            continue
-        # biases and norm weights are 1-D (a learned attention temperature 0-D); embeddings and
-        # the class token are named
-        decays = not (p.ndim < 2 or name in skip)
-        depth = model.layer_of(name) if layer_decay is not None else 0
-        groups.setdefault((depth, decays), []).append(p)
-    scale = (lambda depth: layer_decay ** (top - depth)) if layer_decay is not None else (lambda depth: 1.0)
-    order = sorted(groups, key=lambda key: (key[0], not key[1]))  # by depth, decayed first
-    device = next(model.parameters()).device
-    rate = (lambda value: torch.tensor(value, device=device)) if tensor_lr else (lambda value: value)
-    return [
-        {
-            "params": groups[key],
-            "weight_decay": weight_decay if key[1] else 0.0,
-            "lr": rate(lr * scale(key[0])),
-        }
-        for key in order
-    ]
-
-
-def adamw(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    layer_decay: float | None = None,
-    tensor_lr: bool = False,
-    exclude: Collection[str] = (),
-) -> torch.optim.AdamW:
-    """AdamW over `decay_groups`, fused on a GPU and multi-tensor (foreach) elsewhere; with
-    `tensor_lr` its step count is a tensor too (`capturable`)."""
-    # one fused kernel for all parameters on a GPU; elsewhere one multi-tensor op at a time
-    # (torch's default on a CPU loops over the parameters in Python)
-    device = next(model.parameters()).device
-    on_gpu = device.type == "cuda"
-    return torch.optim.AdamW(
-        decay_groups(model, lr, weight_decay, layer_decay, tensor_lr, exclude),
-        lr=torch.tensor(lr, device=device) if tensor_lr else lr,
-        betas=betas,
-        fused=(on_gpu and not tensor_lr) or None,
-        foreach=None if on_gpu else not tensor_lr,
-        capturable=tensor_lr and on_gpu,
-    )
-
-
-def sgd(model: nn.Module, lr: float, weight_decay: float, momentum: float) -> torch.optim.SGD:
-    """SGD with Nesterov momentum over `decay_groups` (airbench's optimizer; a ViT whose patches
-    come from a conv stem trains with it too, Xiao et al. 2021). Its weight decay is SGD's own: L2,
-    added to the gradient before the momentum."""
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    return torch.optim.SGD(
-        decay_groups(model, lr, weight_decay),
-        lr=lr,
-        momentum=momentum,
-        nesterov=True,
-        foreach=None if on_gpu else True,  # torch's default on a CPU loops over the parameters
-    )
-
-
-def warmup_cosine(
-    progress: float, warmup: float, min_lr_fraction: float, start: float = 0.0, decay: str = "cosine"
-) -> float:
-    """The learning-rate factor at `progress` (0 to 1) of training: linear warm-up from `start`
-    to 1 over the first `warmup` of it, then a cosine (or with `decay="linear"` a straight line,
-    airbench's shape) to `min_lr_fraction` at 1 (and after)."""
-    if progress < warmup:
-        return start + (1 - start) * progress / warmup
-    done = min((progress - warmup) / (1 - warmup), 1.0)
-    left = 1 - done if decay == "linear" else (1 + math.cos(math.pi * done)) / 2
-    return min_lr_fraction + (1 - min_lr_fraction) * left
-
-
-def warmup_decay(
-    optimizer: torch.optim.Optimizer,
-    progress: Callable[[int], float],
-    total: float,
-    warmup_fraction: float,
-    min_lr_fraction: float,
-    decay: str = "cosine",
-) -> LambdaLR:
-    """`warmup_cosine` as a scheduler of `optimizer`, at the `progress` of training after each
-    optimizer step. With a finite step limit `total`, the warm-up takes whole steps and starts
-    from lr / (steps + 1), as LinearLR does; without one (a time budget alone) it takes
-    `warmup_fraction` of the time from 0."""
-    if math.isfinite(total):
-        steps = min(max(int(total * warmup_fraction), 1), int(total) - 1) if total > 1 else 0
-        warmup, start = steps / total, 1 / (steps + 1)
-    else:
-        warmup, start = warmup_fraction, 0.0
-    return LambdaLR(
-        optimizer, lambda step: warmup_cosine(progress(step), warmup, min_lr_fraction, start, decay)
-    )
-
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-WHITEN_SAMPLE = 5000  # training images whose patches whiten_stem measures (airbench's number)
-
-
-def capture(classifier: Classifier, mode: str) -> CapturedStep:
-    """The classifier's captured training step (`vit.step`), compiled here, before the training
-    clock starts, on a batch whose step is undone (weights, buffers, optimizer state, the
-    EMA's average and the random state as they were)."""
-    trainer, datamodule = classifier.trainer, classifier.trainer.datamodule
-    if trainer.world_size > 1:
-        raise UsageError("capture_step trains one process: its gradients skip DDP's all-reduce")
-    if not hasattr(datamodule, "augment"):
-        raise UsageError(f"capture_step augments in the step: {type(datamodule).__name__} has no augment()")
-    if getattr(datamodule, "mixup_alpha", 0) or getattr(datamodule, "cutmix_alpha", 0):
-        raise UsageError("capture_step draws on the device; MixUp and CutMix draw on the host: turn them off")
-    ema = next((c for c in trainer.callbacks if isinstance(c, EMA)), None)
-    optimizer = trainer.optimizers[0]
-    step = CapturedStep(classifier, optimizer, datamodule.augment, ema, mode)
-    # the scheduler warns that it steps before the optimizer where optimizer.step() is never
-    # called; the captured step updates before each scheduler step
-    optimizer._opt_called = True
-    start = time.perf_counter()
-    # the first batch as the training loader makes it (images, labels and what else it carries)
-    first = datamodule.training_data().__getitems__(range(datamodule.batch_size))
-    batch = [t.to(classifier.device) for t in first]
-    devices = [classifier.device] if classifier.device.type == "cuda" else []
-    with torch.random.fork_rng(devices), step.undone(), trainer.precision_plugin.train_step_context():
-        for _ in range(3):  # CUDA graphs record at the second call and replay from the third
-            step(*batch)
-    seconds = time.perf_counter() - start
-    print(f"captured the training step in {seconds:.1f} s, before the training clock starts")
-    if classifier.logger is not None:
-        classifier.logger.log_metrics({"time/capture_seconds": seconds}, step=0)
-    return step
-
-
-def compile_now(classifier: Classifier) -> None:
-    """Run a classifier's compiled network once as training will (forward and backward of a
-    batch, in the trainer's precision) and as validation will (a full batch and the last, shorter
-    one), on random images, so that compilation happens here, before the training clock
-    (Lightning's Timer) starts: a time budget then buys steps, not compilation. Weights, buffers
-    (BatchNorm's statistics) and gradients are left as they were; the seconds are printed and
-    logged as `time/compile_seconds`. The random state is left as it was too."""
-    network, trainer, hparams = classifier.model, classifier.trainer, classifier.hparams
-    datamodule = trainer.datamodule
-    size, channels = hparams.get("image_size"), hparams.get("in_channels")
-    if datamodule is None or size is None or channels is None:
-        return
-    height, width = (size, size) if isinstance(size, int) else size
-    start = time.perf_counter()
-    buffers = [b.clone() for b in network.buffers()]
-    batch = datamodule.batch_size
-    val = len(datamodule.split("val"))
-    devices = [classifier.device] if classifier.device.type == "cuda" else []
-    # the random state forked: a compiled run draws what an eager one with the same seed draws
-    with torch.random.fork_rng(devices), trainer.precision_plugin.forward_context():
-        images = for_the_device(torch.rand(batch, channels, height, width, device=classifier.device), network)
-        network.train()
-        network(images).float().sum().backward()
-        network.eval()
-        with torch.inference_mode():
-            for n in {min(batch, val), val % batch} - {0}:
-                network(images[:n].clone())
-    network.train()
-    network.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for saved, buffer in zip(buffers, network.buffers(), strict=True):
-            buffer.copy_(saved)
-    seconds = time.perf_counter() - start
-    print(f"compiled in {seconds:.1f} s, before the training clock starts")
-    if classifier.logger is not None:
-        classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
-
-
-class MeanLoss(Metric):
-    """The mean loss of the images of every process: the sums of losses and of images, which
-    torchmetrics adds up across processes. Lightning's `sync_dist` averages the processes' image
-    counts as integers, which rounds down where their shares differ (an odd split in two). Unlike
-    torchmetrics' MeanMetric before 1.7, it keeps a nan (which `FiniteLoss` looks for) and does not
-    look for one at each batch, which would make the host wait for a GPU."""
-
-    def __init__(self):
-        super().__init__()
-        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
-        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
-
-    def update(self, loss: torch.Tensor, count: int) -> None:
-        self.total += loss.detach() * count
-        self.count += count
-
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count
+from vit.teacher import AIRBENCH, Teacher, distillation_loss, load_teacher, train_airbench
 
 
 class Classifier(L.LightningModule):
     """Image classification with any network: cross-entropy with label smoothing, accuracy
     metrics, AdamW without decay on biases, norms and embeddings (with `optimizer: muon`, Muon on
-    a ViT's block matrices beside it: `vit.optim`; with `optimizer: sgd`, SGD with Nesterov
-    momentum in its place), linear warm-up then a cosine
-    (or linear) decay over the step limit or the time budget (`vit.callbacks.TimeBudget`),
-    whichever ends first. `compile: true` (or a mode) trains through `torch.compile`, compiled before the
-    training clock starts (`compile_now`). Subclasses build `self.model` and pass these training
-    settings through `**kwargs`."""
+    a ViT's block matrices beside it; with `optimizer: sgd`, SGD with Nesterov momentum in its
+    place: `vit.optim`), linear warm-up then a cosine (or linear) decay over the step limit or the
+    time budget (`vit.callbacks.TimeBudget`), whichever ends first. `compile: true` (or a mode)
+    trains through `torch.compile`, compiled before the training clock starts; `capture_step`
+    compiles the whole step (`vit.captured_step`). Subclasses build `self.model` and pass these
+    training settings through `**kwargs`."""
 
     def __init__(
         self,
@@ -263,7 +51,7 @@ class Classifier(L.LightningModule):
         compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = False,
         layer_decay: float | None = None,  # layer-wise lr decay (ViTs; fine-tuning): 0.65 to 0.75
         # the whole training step (augmentation, forward, backward, optimizer, EMA) as one graph,
-        # compiled in `compile`'s mode: no kernel launched from Python (vit.step)
+        # compiled in `compile`'s mode: no kernel launched from Python (vit.captured_step)
         capture_step: bool = False,
         # muon: Muon on the weight matrices of a ViT's blocks, AdamW on the rest (`vit.optim`);
         # sgd: SGD with Nesterov momentum (`momentum`) at lr, weight decay as L2
@@ -276,44 +64,17 @@ class Classifier(L.LightningModule):
         whiten_stem: bool = False,
     ):
         super().__init__()
-        require(lr > 0, f"lr={lr} must be positive")
-        require(weight_decay >= 0, f"weight_decay={weight_decay} must be >= 0")
-        require(all(0 <= b < 1 for b in betas), f"betas={betas} must lie in [0, 1)")
-        require(0 <= warmup_fraction < 1, f"warmup_fraction={warmup_fraction} must lie in [0, 1)")
-        require(0 <= min_lr_fraction <= 1, f"min_lr_fraction={min_lr_fraction} must lie in [0, 1]")
+        self.save_hyperparameters()  # these arguments and the subclass's: a checkpoint rebuilds its model
+        OptimizerOptions.of(self.hparams)  # an option out of its range, or of another optimizer: one line
+        check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
-        require(decay in ("cosine", "linear"), f"decay={decay!r} must be 'cosine' or 'linear'")
-        require(layer_decay is None or 0 < layer_decay <= 1, f"layer_decay={layer_decay} must lie in (0, 1]")
-        require(
-            optimizer in ("adamw", "muon", "sgd"), f"optimizer={optimizer!r} must be 'adamw', 'muon' or 'sgd'"
-        )
-        require(muon_lr > 0, f"muon_lr={muon_lr} must be positive")
-        require(0 <= muon_momentum < 1, f"muon_momentum={muon_momentum} must lie in [0, 1)")
-        require(0 <= momentum < 1, f"momentum={momentum} must lie in [0, 1)")
-        require(not capture_step or optimizer != "sgd", "capture_step goes with optimizer=adamw or muon")
-        require(optimizer == "adamw" or layer_decay is None, "layer_decay goes with optimizer=adamw")
-        # features of recent torch releases (this project is tested with 2.14)
-        require(
-            optimizer != "muon" or hasattr(torch.optim, "Muon"),
-            "optimizer=muon needs torch.optim.Muon (torch >= 2.9)",
-        )
-        require(
-            not capture_step or hasattr(torch._dynamo.config, "trace_autograd_ops"),
-            "capture_step needs a torch whose Dynamo traces autograd.grad (trace_autograd_ops)",
-        )
-        require(
-            compile in (False, True, *COMPILE_MODES),
-            f"compile={compile!r} must be true, false or a mode: {', '.join(COMPILE_MODES)}",
-        )
-        require(not capture_step or compile, "capture_step compiles the step: set compile (true or a mode)")
-        # Saves these arguments and the subclass's, so a checkpoint rebuilds its model.
-        self.save_hyperparameters()
-        self.automatic_optimization = not capture_step  # the captured step updates the weights itself
+        # capture_step, read here once: a captured step updates the weights itself (manual optimisation)
+        self.automatic_optimization = not capture_step
+        check_compile(compile, not self.automatic_optimization, optimizer)
         self.captured: CapturedStep | None = None
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_loss, self.test_loss = MeanLoss(), MeanLoss()
+        accuracy = lambda: MulticlassAccuracy(num_classes, average="micro")  # noqa: E731
+        self.train_acc, self.val_acc, self.test_acc = accuracy(), accuracy(), accuracy()
+        self.losses = nn.ModuleDict({"val": MeanLoss(), "test": MeanLoss()})  # val/loss, test/loss
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -325,18 +86,16 @@ class Classifier(L.LightningModule):
         return logits, F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
 
     def _step(self, batch, stage: str, accuracy: MulticlassAccuracy) -> torch.Tensor:
-        x, y = batch
-        logits, loss = self.loss(x, y)
-        self._log(stage, logits, y, loss, accuracy)
+        logits, loss = self.loss(*batch)
+        self._log(stage, logits, batch[1], loss, accuracy)
         return loss
 
     def _log(self, stage: str, logits, y, loss, accuracy: MulticlassAccuracy) -> None:
         # accuracy counts probabilities (MixUp, CutMix) against their largest class
         accuracy(logits, y.argmax(dim=1) if y.ndim == 2 else y)
         if stage != "train":  # over every process's images, as accuracy is (torchmetrics)
-            mean = {"val": self.val_loss, "test": self.test_loss}[stage]
-            mean.update(loss, len(y))
-            self.log(f"{stage}/loss", mean, prog_bar=True, on_epoch=True)
+            self.losses[stage].update(loss, len(y))
+            self.log(f"{stage}/loss", self.losses[stage], prog_bar=True, on_epoch=True)
         elif self._trainer is None or logged_step(self.trainer, self.trainer.global_step + 1):
             # a step's loss is read back from the device (a wait for a GPU) where it is logged, so
             # only on the steps Lightning writes to the logger; accuracy accumulates on the device.
@@ -348,55 +107,28 @@ class Classifier(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.captured is None:
             return self._step(batch, "train", self.train_acc)
-        # Lightning counts an optimizer step (global_step) in these two calls of its optimizer
-        # wrapper's step(), which would run the optimizer's own update: the captured step did it
-        optimizer = self.optimizers()
-        optimizer._on_before_step()
-        loss, logits = self.captured(*batch)
-        self._log("train", logits, batch[1], loss, self.train_acc)  # at the eager step's global_step
-        optimizer._on_after_step()
-        self.lr_schedulers().step()  # fills the lr tensors in place
+        with self.captured.counted(self.optimizers(), self.lr_schedulers()):
+            loss, logits = self.captured(*batch)
+            self._log("train", logits, batch[1], loss, self.train_acc)  # at the eager step's global_step
         return None
 
-    @property
-    def augments_batches(self) -> bool:
-        """Whether the training step augments its raw batches itself (the captured step does)."""
-        return self.captured is not None
-
-    @property
-    def updates_average(self) -> bool:
-        """Whether the training step updates the EMA callback's average itself."""
-        return self.captured is not None and self.captured.ema is not None
-
     def configure_callbacks(self) -> list:
-        # the time budget and its clock where they are missing, the learning rate's logging, and a
-        # stop where the loss diverges
+        # the time budget and its clock where missing, the lr's logging, a stop where the loss diverges
         return [*budget_callbacks(self.trainer), LearningRate(), FiniteLoss()]
 
     def on_fit_start(self) -> None:
         if self.hparams.whiten_stem and self.trainer.ckpt_path is None:  # a resumed run has its weights
-            self.whiten_stem(self.whitening_images())
+            self.whiten_stem(whitening_images(self.trainer.datamodule, self.device))
         if self.trainer.strategy.root_device.type == "cuda":
             # what stays fp32 under autocast multiplies on TF32 tensor cores (Lightning advises
             # it on such GPUs; the results differ from fp32's in the 4th digit)
             torch.set_float32_matmul_precision("high")
-        if self.hparams.compile:
-            # in place: parameter names and checkpoints stay the eager network's; it stays compiled
-            # in this process (vit-eval and vit-attention rebuild it eagerly)
-            mode = "default" if self.hparams.compile is True else self.hparams.compile
-            self.model.compile(mode=mode)
-            compile_now(self)
-            if self.hparams.get("capture_step"):
-                self.captured = capture(self, mode)
+        if self.hparams.compile:  # a captured step takes over augmentation and the EMA's update
+            self.captured = compile_training(self, self.hparams.compile, not self.automatic_optimization)
 
-    def whitening_images(self) -> torch.Tensor:
-        """Up to WHITEN_SAMPLE training images spread over the train split, float in [0, 1] on
-        the model's device, for `whiten_stem`."""
-        datamodule = self.trainer.datamodule
-        train = datamodule.split("train") if hasattr(datamodule, "split") else None
-        images = getattr(train, "images", None)
-        require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
-        return to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(self.device))
+    def on_fit_end(self) -> None:
+        if self.captured is not None:  # a later fit of the data module and the EMA may step eagerly
+            self.captured.give_back()
 
     def whiten_stem(self, images: torch.Tensor) -> None:
         """airbench's whitening initialisation of the network's first convolution from `images`:
@@ -404,8 +136,7 @@ class Classifier(L.LightningModule):
         raise NotImplementedError
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # the format's version, and how image files become model input (a checkpoint alone then
-        # classifies and draws them)
+        # the format's version, and how image files become model input (the checkpoint alone reads them)
         checkpoint[compat.CHECKPOINT_KEY] = compat.FORMAT_VERSION
         if (preparation := getattr(self.trainer.datamodule, "preparation", None)) is not None:
             checkpoint["preparation"] = preparation.to_dict()
@@ -415,9 +146,8 @@ class Classifier(L.LightningModule):
         compat.checkpoint(checkpoint)
 
     def on_train_start(self) -> None:
-        if self.captured is not None and self.captured.ema is not None:
-            # a resumed run's step count is known now (the checkpoint is read after on_fit_start)
-            self.captured.ema_step.fill_(self.trainer.global_step)
+        if self.captured is not None:  # a resumed run's step count is known now (read after on_fit_start)
+            self.captured.start_at(self.trainer.global_step)
         # A resumed run's training loader gets its place in the epoch back (ResumableLoader).
         # Lightning gives it when it builds the loader, but configure_optimizers built it earlier
         # (estimated_stepping_batches), before the checkpoint's loop state was read, and then the
@@ -436,22 +166,8 @@ class Classifier(L.LightningModule):
         return self(x).softmax(dim=-1)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        captured = hp.get("capture_step", False)  # the lr a tensor, which a compiled step reads
-        if hp.optimizer == "muon":  # the weight decay is AdamW's, decoupled alike (scaled by each lr)
-            matrices = block_matrices(self.model)
-            require(bool(matrices), "optimizer=muon needs transformer blocks (a ViT of depth 1 or more)")
-            muon_lr = torch.tensor(hp.muon_lr, device=self.device) if captured else hp.muon_lr
-            muon = Muon(
-                matrices.values(), lr=muon_lr, momentum=hp.muon_momentum, weight_decay=hp.weight_decay
-            )
-            rest = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, exclude=matrices, tensor_lr=captured)
-            optimizer = Combined([muon, rest])
-        elif hp.optimizer == "sgd":
-            optimizer = sgd(self.model, hp.lr, hp.weight_decay, hp.momentum)
-        else:
-            decay = hp.layer_decay
-            optimizer = adamw(self.model, hp.lr, hp.weight_decay, hp.betas, decay, tensor_lr=captured)
+        hp, captured = self.hparams, not self.automatic_optimization  # a captured step reads lr tensors
+        optimizer = build_optimizer(self.model, OptimizerOptions.of(hp), tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)
@@ -530,22 +246,19 @@ class ViTClassifier(Classifier):
         self.teacher: Teacher | None = None  # when fitting starts (a Teacher is no registered module)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """With a teacher, in training, DeiT's hard distillation: half the class head's
-        cross-entropy against `y` (with label smoothing), half the distillation head's against the
-        teacher's argmax for the same images; the logits are both heads' mean, as in eval."""
+        """With a teacher, in training, DeiT's hard distillation (`vit.teacher.distillation_loss`):
+        half the class head's loss, half the distillation head's against the teacher's answers."""
         if self.teacher is None or not self.training:
             return super().loss(x, y)
-        x = for_the_device(x, self.model)
-        logits, distilled = self.model.forward_heads(self.model.forward_features(x))
-        labels = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        answers = F.cross_entropy(distilled, self.teacher(x))
-        return (logits + distilled) / 2, (labels + answers) / 2
+        return distillation_loss(self.model, self.teacher, x, y, self.hparams.label_smoothing)
 
     def on_fit_start(self) -> None:
         # the teacher first: a captured step (compiled in Classifier.on_fit_start, after the
         # stem's whitening) includes the teacher
         if self.hparams.teacher not in (None, "airbench"):
-            self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes).to(self.device)
+            self.teacher = load_teacher(self.hparams.teacher, self.hparams.num_classes, MODELS).to(
+                self.device
+            )
         super().on_fit_start()
 
     def on_train_start(self) -> None:
@@ -624,3 +337,12 @@ class CNNClassifier(Classifier):
     def on_train_epoch_start(self) -> None:
         if self.hparams.whiten_stem:
             self.model.freeze_stem(self.current_epoch, AIRBENCH["whiten_bias_epochs"])
+
+
+# The classifiers a checkpoint may name, by the class path LightningCLI records (either spelling);
+# checkpoints without one hold a ViTClassifier (`vit.checkpoint_file.build_model`).
+MODELS: dict[str, type[Classifier]] = {
+    f"{module}.{cls.__name__}": cls
+    for cls in (ViTClassifier, CNNClassifier)
+    for module in ("vit", "vit.classifier")
+}

@@ -455,6 +455,9 @@ class ImageDataModule(InMemoryDataModule):
         self.mirrored: torch.Tensor | None = None  # alternating flips: the even epochs' (training_data)
         self.policy = POLICIES.get(policy)
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
+        # True while a captured training step augments the raw batches in its graph instead
+        # (`vit.captured_step.CapturedStep.take_over`)
+        self.step_augments = False
 
     @classmethod
     def preparation_for(cls, hparams: dict) -> Preparation:
@@ -529,8 +532,7 @@ class ImageDataModule(InMemoryDataModule):
         if self.trainer is not None and self.trainer.training:
             if self.mirrored is not None:
                 self.start_epoch(self.trainer.current_epoch)
-            # a captured training step augments the raw batch inside its graph
-            if not getattr(getattr(self.trainer, "lightning_module", None), "augments_batches", False):
+            if not self.step_augments:
                 return self.augment(*batch)
         return batch
 

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from vit.errors import UsageError
+from vit.errors import UsageError, require
+from vit.preparation import to_float
 
 
 def masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -285,6 +286,18 @@ def whiten_(conv: nn.Conv2d, images: torch.Tensor, eps: float = WHITEN_EPS) -> i
     filters = whitening_filters(images, conv.kernel_size, eps)[0][: conv.out_channels // 2]
     conv.weight[: 2 * len(filters)] = torch.cat((filters, -filters)).to(conv.weight.dtype)
     return 2 * len(filters)
+
+
+WHITEN_SAMPLE = 5000  # training images whose patches a classifier's whiten_stem measures (airbench's)
+
+
+def whitening_images(datamodule, device: torch.device) -> torch.Tensor:
+    """Up to WHITEN_SAMPLE training images spread over `datamodule`'s train split, float in [0, 1]
+    on `device`: those whose patches `whiten_` whitens a classifier's first convolution for."""
+    train = datamodule.split("train") if hasattr(datamodule, "split") else None
+    images = getattr(train, "images", None)
+    require(torch.is_tensor(images), "whiten_stem needs a data module whose train split is in memory")
+    return to_float(images[:: max(len(images) // WHITEN_SAMPLE, 1)][:WHITEN_SAMPLE].to(device))
 
 
 def drop_patches(x: torch.Tensor, num_prefix_tokens: int, rate: float) -> torch.Tensor:

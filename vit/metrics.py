@@ -17,6 +17,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from torchmetrics import Metric
 from torchmetrics.functional.classification import (
     multiclass_accuracy,
     multiclass_calibration_error,
@@ -192,3 +193,23 @@ def metrics_table(metrics: dict) -> str:
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
         lines.append(f"{name:<{width}}  {accuracy:>8}  {row['images']:>6}")
     return "\n".join(lines)
+
+
+class MeanLoss(Metric):
+    """The mean loss of the images of every process: the sums of losses and of images, which
+    torchmetrics adds up across processes. Lightning's `sync_dist` averages the processes' image
+    counts as integers, which rounds down where their shares differ (an odd split in two). Unlike
+    torchmetrics' MeanMetric before 1.7, it keeps a nan (which `FiniteLoss` looks for) and does not
+    look for one at each batch, which would make the host wait for a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, loss: torch.Tensor, count: int) -> None:
+        self.total += loss.detach() * count
+        self.count += count
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count

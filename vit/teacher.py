@@ -12,7 +12,7 @@ itself, a step at a time (`AirbenchTraining`), also trains the CNN peer of the C
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -22,8 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from vit.checkpoint_file import build_model, read_checkpoint
 from vit.cnn import AirbenchCNN
 from vit.errors import UsageError
+from vit.model import ViT
+from vit.optim import sgd
+from vit.preparation import for_the_device
 
 # airbench94's hyper-parameters (github.com/KellerJordan/cifar10-airbench, legacy/airbench94.py,
 # `hyp`) in its decoupled form: lr and weight_decay per 1024 images, the step size independent of
@@ -51,18 +55,32 @@ class Teacher:
         return self.network(images).argmax(dim=-1)
 
 
-def load_teacher(path: str | Path, num_classes: int) -> Teacher:
+def load_teacher(
+    path: str | Path, num_classes: int, models: Mapping[str, type[L.LightningModule]]
+) -> Teacher:
     """The network of a classifier checkpoint written by vit-train (a `CNNClassifier`'s, say),
-    frozen. A missing file, or a network of another class count than `num_classes`, is one line."""
-    from vit.checkpoint import build_model, read_checkpoint  # here: vit.checkpoint imports vit.classifier
-
+    frozen; `models` are the classes it may name (`vit.classifier.MODELS`, which imports this
+    module). A missing file, or a network of another class count than `num_classes`, is one line."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"teacher {path}: no such checkpoint (give a vit-train .ckpt or 'airbench')")
-    classifier = build_model(read_checkpoint(path), path)
+    classifier = build_model(read_checkpoint(path), path, models)
     classes = classifier.hparams.num_classes
     if classes != num_classes:
         raise UsageError(f"teacher {path} tells {classes} classes apart, the data has {num_classes}")
     return Teacher(classifier.model)
+
+
+def distillation_loss(
+    student: ViT, teacher: Teacher, x: torch.Tensor, y: torch.Tensor, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeiT's hard distillation for a distilled `student` on images `x`: its logits, both heads'
+    mean (as in eval), and its loss, half the class head's cross-entropy against `y` (with
+    `label_smoothing`) and half the distillation head's against the teacher's argmax."""
+    x = for_the_device(x, student)
+    logits, distilled = student.forward_heads(student.forward_features(x))
+    labels = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
+    answers = F.cross_entropy(distilled, teacher(x))
+    return (logits + distilled) / 2, (labels + answers) / 2
 
 
 def airbench_lr(progress: float) -> float:
@@ -84,7 +102,7 @@ def airbench_optimizer(network: AirbenchCNN, batch_size: int) -> torch.optim.SGD
     groups = [dict(params=biases, lr=lr * hp["bias_scaler"]), dict(params=others, lr=lr)]
     for group in groups:
         group["weight_decay"] = decay / group["lr"]  # the decay a step: lr * weight_decay
-    return torch.optim.SGD(groups, momentum=hp["momentum"], nesterov=True)
+    return sgd(groups, hp["momentum"])
 
 
 class AirbenchTraining:

@@ -108,8 +108,8 @@ def pairs(args: list[str]) -> list[tuple[str, str | None]]:
 def step_cost(variant: list[str], steps: int, warmup: int, compile: bool = False) -> float:
     """Median seconds of one training step of the variant on this machine's CPU, in fp32."""
     from vit.augment import random_crop_flip
-    from vit.classifier import adamw
     from vit.model import ViT
+    from vit.optim import adamw
     from vit.preparation import to_float
 
     config = yaml.safe_load(CONFIG.read_text())

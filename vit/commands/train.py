@@ -44,7 +44,8 @@ from vit.callbacks import (
     log_artifact,
     run_folder,
 )
-from vit.checkpoint import AtomicCheckpointIO, read_checkpoint, state_dict_mismatch
+from vit.checkpoint import AtomicCheckpointIO
+from vit.checkpoint_file import read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
 from vit.errors import DataError, UsageError, one_line
