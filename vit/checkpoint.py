@@ -1,6 +1,6 @@
 """Checkpoints written by vit-train: what they rebuild, and how they are written.
 
-`read_checkpoint` (`vit.checkpoint_file`) is the one reader of every command (vit-train's
+`read_checkpoint` (`vit.safe_load`) is the one reader of every command (vit-train's
 --ckpt_path included), which refuses a file that would run code, and `build_model` rebuilds its
 classifier, of the classes `vit.classifier.MODELS` holds. `load_model` rebuilds the model and its
 `Preparation` (how image files become its input) from the checkpoint alone, with no data module
@@ -26,12 +26,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from vit import storage
-from vit.checkpoint_file import build_model, keyword_options, read_checkpoint, recorded_arguments
 from vit.classifier import MODELS, Classifier
 from vit.datamodules import CIFAR10, FashionMNIST, ImageFolders
 from vit.errors import UsageError
 from vit.preparation import Preparation
 from vit.pretrained import load_source
+from vit.safe_load import build_model, keyword_options, read_checkpoint, recorded_arguments
 from vit.streaming import StreamingImages
 from vit.two_circles import TwoCircles
 

@@ -340,7 +340,7 @@ class CNNClassifier(Classifier):
 
 
 # The classifiers a checkpoint may name, by the class path LightningCLI records (either spelling);
-# checkpoints without one hold a ViTClassifier (`vit.checkpoint_file.build_model`).
+# checkpoints without one hold a ViTClassifier (`vit.safe_load.build_model`).
 MODELS: dict[str, type[Classifier]] = {
     f"{module}.{cls.__name__}": cls
     for cls in (ViTClassifier, CNNClassifier)

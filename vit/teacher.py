@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from vit.checkpoint_file import build_model, read_checkpoint
 from vit.cnn import AirbenchCNN
 from vit.errors import UsageError
 from vit.model import ViT
 from vit.optim import sgd
 from vit.preparation import for_the_device
+from vit.safe_load import build_model, read_checkpoint
 
 # airbench94's hyper-parameters (github.com/KellerJordan/cifar10-airbench, legacy/airbench94.py,
 # `hyp`) in its decoupled form: lr and weight_decay per 1024 images, the step size independent of

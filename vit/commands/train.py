@@ -45,10 +45,10 @@ from vit.callbacks import (
     run_folder,
 )
 from vit.checkpoint import AtomicCheckpointIO
-from vit.checkpoint_file import read_checkpoint, state_dict_mismatch
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
 from vit.errors import DataError, UsageError, one_line
+from vit.safe_load import read_checkpoint, state_dict_mismatch
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file.
 SPECIAL_CKPT_PATHS = {"last", "best", "hpc", "registry"}
