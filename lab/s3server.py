@@ -11,6 +11,7 @@ Clients find it as they find any S3 endpoint, through the environment (`env()`: 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -127,7 +128,8 @@ class RestartableS3Server(S3Server):
             serve(connection, address)
 
         self.server.process_request = process_request
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # polled every 50 ms for a stop (werkzeug's default, 0.5 s, is what stopping it would wait)
+        self.thread = threading.Thread(target=functools.partial(self.server.serve_forever, 0.05), daemon=True)
         self.thread.start()
         return self
 
