@@ -65,7 +65,7 @@ class Classifier(L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()  # these arguments and the subclass's: a checkpoint rebuilds its model
-        OptimizerOptions.of(self.hparams)  # an option out of its range, or of another optimizer: one line
+        self.optimizer_options = OptimizerOptions.of(self.hparams)  # checked: a bad option is one line
         check_schedule(warmup_fraction, min_lr_fraction, decay)
         require(0 <= label_smoothing < 1, f"label_smoothing={label_smoothing} must lie in [0, 1)")
         # capture_step, read here once: a captured step updates the weights itself (manual optimisation)
@@ -167,7 +167,7 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp, captured = self.hparams, not self.automatic_optimization  # a captured step reads lr tensors
-        optimizer = build_optimizer(self.model, OptimizerOptions.of(hp), tensor_lr=captured)
+        optimizer = build_optimizer(self.model, self.optimizer_options, tensor_lr=captured)
         # Warm-up and decay span the step limit (max_epochs or max_steps) or the time budget
         # (max_time), whichever ends first; with only a time budget, max_epochs may be -1.
         total = max(self.trainer.estimated_stepping_batches, 1)
