@@ -62,6 +62,7 @@ from vit.cnn import AirbenchCNN  # noqa: E402
 from vit.commands.base import USAGE, fail  # noqa: E402
 from vit.datamodules import CIFAR10, CIFAR10_CLASSES, InMemory  # noqa: E402
 from vit.errors import DataError  # noqa: E402
+from vit.memory import keep_freed_memory  # noqa: E402
 from vit.metrics import collect_probabilities  # noqa: E402
 from vit.preparation import to_float  # noqa: E402
 from vit.teacher import AirbenchTraining  # noqa: E402
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             CIFAR10(root=args.data, download=False)
         except DataError as e:
             fail(e)
+    keep_freed_memory()  # as vit-train does: the comparison is of networks, not of allocators
     progress = sys.stderr.isatty()
     with tempfile.TemporaryDirectory(prefix="cnn-peer-") as folder:
         if args.smoke:

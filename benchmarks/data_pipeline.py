@@ -33,6 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.throughput import pick_device, seconds_per_call  # noqa: E402
 from vit.datamodules import CIFAR10  # noqa: E402
+from vit.memory import keep_freed_memory  # noqa: E402
 from vit.model import ViT  # noqa: E402
 from vit.optim import adamw  # noqa: E402
 
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)  # fmt: skip
     if args.root is None:
         parser.error(f"--root is required ({SHARED_COPY} does not exist)")
+    keep_freed_memory()  # as vit-train does
 
     device = pick_device()
     torch.manual_seed(0)

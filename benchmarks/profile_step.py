@@ -19,8 +19,11 @@ backward: `mm`, `addmm`, `bmm`, SDPA, convolutions) with copies of their inputs 
 and strides, and replays them back to back: an estimate of what the step would take, with the same
 matmul kernels, if nothing else (norms, activations, casts, adds, the optimizer) took time. The
 rest is given two ways: the step minus the matmuls alone, and the step times the profile's
-non-matmul share. It also counts the minor page faults per step: memory the allocator takes fresh
-from the system, every page zeroed on first touch.
+non-matmul share. The table ends with the minor page faults a step: memory the allocator took
+fresh from the system, every page zeroed on first touch (none, after the first steps, unless
+`--system-malloc` leaves glibc's thresholds as they are: vit/memory.py).
+
+    python benchmarks/profile_step.py --compile    # the step through torch.compile (inductor)
 """
 
 from __future__ import annotations
@@ -40,13 +43,16 @@ sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks`, `lab` and `vit` 
 
 from benchmarks.throughput import (  # noqa: E402
     BUILDERS,
+    COMPILE_MODES,
     MODELS,
     PRECISIONS,
     STEM_CONFIGS,
     System,
+    add_malloc_option,
     pick_device,
     replay,
     seconds_per_call,
+    set_allocator,
 )
 from lab.machine import hardware  # noqa: E402
 
@@ -90,8 +96,8 @@ def profile_system(system: System, steps: int, warmup: int, top: int = 0) -> dic
         sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         print(f"{system.name}:\n{averages.table(sort_by=sort, row_limit=top)}")
     by_kind = dict.fromkeys([*KINDS, "other"], 0.0)
-    for event in averages:
-        if not event.key.startswith("aten::"):
+    for event in averages:  # aten's operators, and the kernels inductor wrote for a compiled step
+        if not event.key.startswith("aten::") and "cpp_fused" not in event.key:
             continue
         own = event.self_device_time_total if cuda else event.self_cpu_time_total
         by_kind[kind_of(event.key)] += own / 1e6 / steps
@@ -112,12 +118,14 @@ def matmuls_alone(system: System, rounds: int = 7) -> tuple[float, float, int]:
     return statistics.median(steps), statistics.median(alone), len(calls)
 
 
-def page_faults_per_step(system: System, steps: int = 3) -> float:
-    """Minor page faults per training step, after one step to warm up: memory the allocator takes
-    fresh from the OS (every page is zeroed on first touch). Linux and macOS."""
+def page_faults_per_step(system: System, steps: int = 3, warmup: int = 3) -> float:
+    """Minor page faults per training step, after `warmup` steps (the first makes the optimizer's
+    state, the second still grows the heap): memory the allocator takes fresh from the OS (every
+    page is zeroed on first touch). Linux and macOS."""
     import resource
 
-    system.train_step()
+    for _ in range(warmup):
+        system.train_step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
         system.train_step()
@@ -127,18 +135,16 @@ def page_faults_per_step(system: System, steps: int = 3) -> float:
 def matmul_report(system: System, profiled: dict) -> dict:
     """The step unprofiled, its matmuls alone, and two estimates of everything else: the step
     minus the matmuls alone, and the step times the non-matmul share of the profile."""
-    faults = page_faults_per_step(system)
     step, alone, count = matmuls_alone(system)
     share = sum(profiled["kinds"][kind] for kind in MATMUL_KINDS) / profiled["wall"]
-    return dict(faults=faults, step=step, alone=alone, calls=count, rest_by_share=step * (1 - share))
+    return dict(step=step, alone=alone, calls=count, rest_by_share=step * (1 - share))
 
 
 def format_report(name: str, batch: int, report: dict) -> str:
     step, alone = report["step"], report["alone"]
     return "\n".join(
         [
-            f"{name}: minor page faults per step: {report['faults']:.0f}",
-            f"  unprofiled step: {step * 1e3:.1f} ms = {batch / step:.1f} img/s",
+            f"{name}: unprofiled step: {step * 1e3:.1f} ms = {batch / step:.1f} img/s",
             f"  its {report['calls']} matmul calls alone, back to back: {alone * 1e3:.1f} ms = "
             f"{batch / alone:.1f} img/s if nothing else took time",
             f"  everything else: {(step - alone) * 1e3:.1f} ms (step - matmuls alone), "
@@ -161,6 +167,7 @@ def table(results: dict[str, dict]) -> str:
     outside = [results[n]["wall"] - sum(results[n]["kinds"].values()) for n in names]
     lines.append("outside operators".ljust(22) + "".join(f"{o * 1e3:18.1f}" for o in outside))
     lines.append("step, wall".ljust(22) + "".join(f"{results[n]['wall'] * 1e3:18.1f}" for n in names))
+    lines.append("page faults a step".ljust(22) + "".join(f"{results[n]['faults']:18.0f}" for n in names))
     return "\n".join(lines)
 
 
@@ -174,20 +181,34 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=0, metavar="N", help="print the N costliest operators")
     parser.add_argument("--matmuls-alone", action="store_true", help="time the step's matmuls replayed alone")
+    parser.add_argument(
+        "--compile", nargs="?", const="default", metavar="MODE", choices=COMPILE_MODES,
+        help="profile the step through torch.compile, in this mode; inductor's fused C++ kernels are "
+        "put in the first kind their name contains (cpp_fused_gelu_gelu_backward: gelu)",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a batch of 2, one step: seconds")
+    add_malloc_option(parser)
     args = parser.parse_args(argv)
+    if args.compile and args.matmuls_alone:
+        parser.error("--matmuls-alone replays eager matmuls; a compiled step runs other kernels")
+    allocator = set_allocator(args.system_malloc)
+    if args.compile:  # name each fused kernel in the profile (else its time is its graph's)
+        torch._inductor.config.cpp.enable_kernel_profile = True
     if args.smoke:
         args.batch, args.steps, args.warmup = 2, 1, 1
     device = pick_device()
     cfg = MODELS[args.model]()
     results = {}
     for name in args.systems:
-        system = System(name, cfg, args.batch, PRECISIONS[args.precision], device,
+        system = System(name, cfg, args.batch, PRECISIONS[args.precision], device, args.compile,
                         stem_config=STEM_CONFIGS.get(args.model))  # fmt: skip
-        results[name] = profile_system(system, args.steps, args.warmup, args.top)
+        faults = page_faults_per_step(system)  # before the profiler, whose own memory would count
+        results[name] = dict(faults=faults, **profile_system(system, args.steps, args.warmup, args.top))
         if args.matmuls_alone:  # after the profile: the recorded copies would weigh on it
             results[name]["matmuls_alone"] = matmul_report(system, results[name])
+    compiled = f"torch.compile mode {args.compile}" if args.compile else "eager"
     print(f"{hardware(device)}; model {args.model}, batch {args.batch}, {args.precision}, {args.steps} steps")
+    print(f"{compiled}; allocator: {allocator}")
     print(table(results))
     for name, result in results.items():
         if "matmuls_alone" in result:

@@ -11,6 +11,10 @@ step on CPU (`onednn-bias` is CPU only), measured in the step rather than in iso
 - `chunked-mlp`: the MLP run over 2080 tokens (32 images; `--mlp_chunk`) at a time, so that its
   4x-wide hidden layer is 1.6 M values at a time instead of 6.4 M and stays in a nearer cache;
   the backward recomputes it (one extra matmul per block).
+- `compiled`, `compiled-max-autotune`: the network through `torch.compile` (inductor: LayerNorm,
+  GELU, softmax, casts and adds fused into C++ loops around oneDNN's matmuls; with max-autotune,
+  each matmul also tried as inductor's own C++ GEMM template, AMX where the CPU has it, its
+  epilogue fused), what `--model.compile true` / `max-autotune` does in vit-train.
 Systems run interleaved after a warm-up, like benchmarks/throughput.py; medians are reported,
 with the largest difference of a variant's logits and parameter gradients from ours on the same
 batch and weights, relative to the largest of ours (bf16 rounding is about 4e-3).
@@ -28,6 +32,7 @@ from torch import nn
 
 from benchmarks.throughput import PRECISIONS, System, pick_device, seconds_per_call
 from lab.peers import CONFIG
+from vit.memory import keep_freed_memory
 from vit.model import FeedForward
 
 
@@ -115,6 +120,10 @@ class ChunkedMLP(torch.autograd.Function):
         return grad_x.view(x.shape), grad_w1, grad_b1, grad_w2, g2.sum(0)
 
 
+def compiled(mode: str | None = None) -> Callable[[nn.Module], None]:
+    return lambda model: model.compile(mode=mode)  # in place: the first steps compile
+
+
 def linear_variant(function: type[torch.autograd.Function]) -> Callable[[nn.Module], None]:
     def apply(model: nn.Module) -> None:
         for m in model.modules():
@@ -138,6 +147,8 @@ VARIANTS: dict[str, Callable[[nn.Module], None] | None] = {
     "linear-layouts": linear_variant(LayoutsLinear),
     "onednn-bias": linear_variant(OneDNNLinear),
     "chunked-mlp": chunked_mlp,
+    "compiled": compiled(),
+    "compiled-max-autotune": compiled("max-autotune"),
 }
 
 
@@ -193,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlp_chunk", type=int, default=ChunkedMLP.chunk, help="tokens per chunk")
     args = parser.parse_args(argv)
     ChunkedMLP.chunk = args.mlp_chunk
+    keep_freed_memory()  # as vit's commands do
     names = ["ours", *[v for v in args.variants if v != "ours"]]
     results = measure(names, args.precision, args.batch, args.warmup, args.rounds, args.steps, pick_device())
     print(f"{args.precision}, batch {args.batch}, {args.rounds} interleaved rounds x {args.steps} steps")

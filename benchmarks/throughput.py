@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: `lab` and `vit` import from th
 from lab.machine import hardware  # noqa: E402
 from lab.peers import CONFIG, MODULES, PEERS  # noqa: E402
 from vit.config import PRESETS  # noqa: E402
+from vit.memory import keep_freed_memory  # noqa: E402
 from vit.model import ViT  # noqa: E402
 from vit.optim import adamw, cpu_has_native_bf16  # noqa: E402
 
@@ -392,6 +393,22 @@ def precision_report(results: dict[str, dict], peak: float) -> dict:
     return dict(gemm_peak=peak, systems=systems, target=verdicts(results) if has_target(results) else None)
 
 
+def add_malloc_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--system-malloc", action="store_true",
+        help="leave the C library's malloc as it is (vit.memory): memory a step frees goes back to "
+        "the system, and the next step takes it again, page fault by page fault",
+    )  # fmt: skip
+
+
+def set_allocator(system_malloc: bool) -> str:
+    """What vit's commands do (`vit.memory.keep_freed_memory`), unless `system_malloc`; says which."""
+    if system_malloc:
+        return "the C library's defaults (--system-malloc)"
+    kept = keep_freed_memory()
+    return "freed memory kept for the next step (vit.memory)" if kept else "the C library's (not glibc)"
+
+
 def precisions_to_time(asked: list[str] | None, device: torch.device) -> list[str]:
     """The precisions asked for; by default fp32, and bf16 where the device runs it natively (CUDA,
     or a CPU with AVX-512 BF16 or AMX). Emulated bf16 is many times slower than fp32: on a 2-core
@@ -434,9 +451,11 @@ def main(argv: list[str] | None = None) -> None:
         "--json", type=Path, metavar="PATH",
         help="also write everything measured to PATH (JSON), after each precision",
     )  # fmt: skip
+    add_malloc_option(parser)
     args = parser.parse_args(argv)
     if args.compile and args.matmuls_alone:
         parser.error("--matmuls-alone replays eager matmuls; a compiled step runs other kernels")
+    allocator = set_allocator(args.system_malloc)
     stem_config = STEM_CONFIGS.get(args.model)
     if "ours+stem" in args.systems and stem_config is None:
         parser.error(f"ours+stem: --model {args.model} has no stem; choose {' or '.join(STEM_CONFIGS)}")
@@ -454,6 +473,7 @@ def main(argv: list[str] | None = None) -> None:
         f"model {args.model}: config {cfg}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps",
         *([f"ours+stem: {stem} from {stem_config.relative_to(ROOT)}"] if stem else []),
         "torch.compile: " + (f"every model, mode {args.compile}" if args.compile else "no (eager)"),
+        f"allocator: {allocator}",
     ]
     print("\n".join(lines))
     report = dict(
@@ -469,6 +489,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds=args.rounds,
         steps=args.steps,
         compile=args.compile,
+        allocator=allocator,
         gemm_n=GEMM_SIZES[device.type],
         tie=TIE,
         precisions={},

@@ -5,7 +5,7 @@
 - attention: `window_mask` (a local-attention control), `RelativePositionBias` (BEiT, Swin);
   locality self-attention is a subclass of `Attention`, beside it in vit/model.py; the pieces of
   `Attention`'s two paths: `masked`, `Softmax` (fp32 weights a hook can record), `fused_attention`
-  (the same maths in one SDPA kernel) and `explicit_is_faster` (CPU bf16: the explicit path wins);
+  (the same maths in one SDPA kernel) and `explicit_is_faster` (CPU bf16 training: the explicit path wins);
 - residual branches: `LayerScale` (CaiT, DINOv2), `DropPath` (stochastic depth);
 - tokens from pixels: `ShiftedPatches` (Lee et al. 2021), `ConvStem` (Xiao et al. 2021),
   `AirbenchStem` (the blocks of airbench94's CNN, `AirbenchBlock`, which vit/cnn.py builds its
@@ -41,15 +41,17 @@ class Softmax(nn.Module):
     the weights (`vit.interpret.hooks.record_attention`), as vit-pytorch's recorder does."""
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        if explicit_is_faster(scores):
+        if scores.dtype == torch.bfloat16 and scores.device.type == "cpu":
             return scores.softmax(dim=-1)
         return scores.softmax(dim=-1, dtype=torch.float32)
 
 
 def explicit_is_faster(x: torch.Tensor) -> bool:
-    """On CPU in bf16 the explicit path beats SDPA's flash kernel for ViT-sized sequences (its
-    backward is slow: studies/cpu_throughput/README.md); in fp32 and on GPU SDPA is as fast or faster."""
-    return x.dtype == torch.bfloat16 and x.device.type == "cpu"
+    """On CPU in bf16 the explicit path beats SDPA's flash kernel in training ViT-sized sequences
+    (its backward is slow: studies/cpu_throughput/README.md); without a backward (inference) the
+    kernel wins (1.02-1.06x a forward pass of the cifar model, benchmarks/bf16_inference.py), as it
+    does in fp32 and on GPU."""
+    return x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.requires_grad
 
 
 def fused_attention(

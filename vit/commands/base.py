@@ -31,6 +31,7 @@ from jsonargparse import ArgumentParser
 
 from vit.compat import old_option_hint
 from vit.errors import UsageError, one_line
+from vit.memory import keep_freed_memory
 
 if TYPE_CHECKING:
     import lightning as L
@@ -394,7 +395,9 @@ def is_misconfiguration(error: BaseException) -> bool:
 def run_command(command: Callable[..., object], *args, **kwargs) -> None:
     """Call `command`; an error the user caused ends the process with one line and its status:
     a bad option or value (`UsageError`, Lightning's MisconfigurationException) 2, a file that is
-    missing, unreadable or unwritable, or bad data or a bad checkpoint (`OSError`, `ValueError`) 1."""
+    missing, unreadable or unwritable, or bad data or a bad checkpoint (`OSError`, `ValueError`) 1.
+    Memory freed by one step is kept for the next (`vit.memory.keep_freed_memory`)."""
+    keep_freed_memory()
     try:
         command(*args, **kwargs)
     except UsageError as e:

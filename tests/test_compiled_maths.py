@@ -1,0 +1,125 @@
+"""The fast path computes what the reference does. `torch.compile` (inductor: what `--model.compile
+true` trains through) fuses LayerNorm, GELU, softmax, casts and adds into its own C++ loops around
+oneDNN's matmuls; these tests hold it to the eager network on the same weights and batch:
+
+- fp32: logits, every parameter's gradient and the weights after SGD steps equal the eager
+  ones within 1e-5 (relative to the largest value): the same maths in another order;
+- bf16 (autocast, the CPU config's precision): the compiled network is no further from the eager
+  one than the eager bf16 network is from the eager fp32 one, twice over: its differences are of
+  the size of bf16's rounding. A network with attention's scale 5% off (the control) is further
+  than that, so the bound can fail; finer errors are fp32's test to find (tanh's GELU instead of
+  erf's is within bf16's rounding at this size);
+- a few training steps in bf16 follow the eager steps' losses.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.model import Attention, ViT
+from vit.optim import adamw
+
+pytestmark = pytest.mark.slow  # inductor writes and compiles C++: 10-40 s on 2 cores
+
+OPTIONS = dict(preset="micro", image_size=16, patch_size=4, num_classes=10)
+
+
+def network(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return ViT(**OPTIONS)
+
+
+def batch(size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(size, 3, 16, 16, generator=generator), torch.randint(10, (size,), generator=generator)
+
+
+def autocast(dtype: torch.dtype):
+    return torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+
+
+def logits_and_grads(model: nn.Module, call, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The logits and every parameter's gradient of one forward and backward, in fp32."""
+    images, labels = batch()
+    model.zero_grad(set_to_none=True)
+    with autocast(dtype):
+        logits = call(images)
+    F.cross_entropy(logits, labels).backward()
+    return [logits.detach().float()] + [p.grad.float() for p in model.parameters()]
+
+
+def relative(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Largest elementwise difference over tensors, each relative to the largest value of `b`'s."""
+    return max(
+        ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item() for x, y in zip(a, b, strict=True)
+    )
+
+
+def scale_off(model: nn.Module, factor: float = 1.05) -> nn.Module:
+    """The control: the same network with attention's scale, 1 / sqrt(d_head), `factor` times."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.scale *= factor
+    return model
+
+
+def test_compiled_network_is_the_eager_one_in_fp32():
+    eager, compiled = network(), network()
+    compiled.compile()
+    reference = logits_and_grads(eager, eager, torch.float32)
+    assert relative(logits_and_grads(compiled, compiled, torch.float32), reference) < 1e-5
+    # SGD: an update proportional to the gradient (Adam's sign-like update of a gradient near 0
+    # would turn a difference of 1e-9 into one of the learning rate)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, compiled)]
+    images, labels = batch()
+    for _ in range(3):
+        for model, optimizer in zip((eager, compiled), optimizers, strict=True):
+            F.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    assert relative(list(compiled.parameters()), list(eager.parameters())) < 1e-5
+    eager.eval(), compiled.eval()
+    with torch.inference_mode():  # the inference graph: another compilation
+        assert relative([compiled(images)], [eager(images)]) < 1e-5
+
+
+def test_compiled_network_differs_from_the_eager_one_by_bf16_rounding_only():
+    eager = network()
+    reference = logits_and_grads(eager, eager, torch.bfloat16)
+    rounding = relative(logits_and_grads(eager, eager, torch.float32), reference)  # bf16's own
+    assert 1e-4 < rounding < 0.1
+    compiled = copy.deepcopy(eager)
+    compiled.compile()
+    assert relative(logits_and_grads(compiled, compiled, torch.bfloat16), reference) < 2 * rounding
+    control = scale_off(copy.deepcopy(eager))
+    assert relative(logits_and_grads(control, control, torch.bfloat16), reference) > 2 * rounding
+    images, _ = batch()
+    eager.eval(), compiled.eval()
+    with torch.inference_mode(), autocast(torch.bfloat16):
+        assert relative([compiled(images).float()], [eager(images).float()]) < 2 * rounding
+
+
+def test_compiled_bf16_steps_train_as_the_eager_ones():
+    eager, compiled = network(), network()
+    compiled.compile()
+    images, labels = batch(64)
+    losses = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        optimizer = adamw(model, lr=3e-3, weight_decay=0.05)
+        losses[name] = []
+        for _ in range(6):
+            with autocast(torch.bfloat16):
+                loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[name].append(loss.item())
+    assert losses["eager"][-1] < losses["eager"][0] - 0.1  # it learns the batch
+    torch.testing.assert_close(
+        torch.tensor(losses["compiled"]), torch.tensor(losses["eager"]), rtol=2e-2, atol=0
+    )
