@@ -222,6 +222,18 @@ def test_compile_trains_and_keeps_eager_checkpoints(runs):
     assert model.hparams.compile and model.model._compiled_call_impl is None  # eager outside fit
 
 
+def test_compile_without_a_cpp_compiler_trains_eagerly_and_says_so(runs, capsys, monkeypatch):
+    """On a CPU, torch.compile writes C++ kernels: without a compiler, vit-train trains the same
+    network eagerly and says so in one line (as it trains bf16 in fp32 where bf16 is emulated)."""
+    monkeypatch.setattr("vit.commands.train.cpu_compiler", lambda: None)
+    args = ["--model.compile", "true", "--trainer.max_epochs", "1", "--trainer.accelerator", "cpu"]
+    result = cli.run(["fit", *tiny_args(runs, *args)])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "C++ compiler" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "training eagerly" in notes[0]
+    assert result.model.model._compiled_call_impl is None and not result.model.hparams.compile
+    assert last_value(metrics(runs / "tiny" / "version_0"), "val/acc") is not None
+
+
 # A short run that learns: 8000 images, 4 epochs of the demo's model, about 10 s.
 # The bounded canvas, learned positions and class token of the first demo config, which learn
 # within these 500 steps.
@@ -553,7 +565,7 @@ def test_the_cifar10_cpu_config_at_depth_0_trains_evaluates_and_exports(runs, tm
             "--data.init_args.root", str(root), "--data.init_args.download", "false",
             "--data.init_args.val_size", "8", "--data.init_args.batch_size", "8",
             "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
-            "--trainer.logger.init_args.save_dir", str(runs),
+            "--trainer.logger.init_args.save_dir", str(runs), "--model.compile", "false",  # 16 s
         ]
     )  # fmt: skip
     run = runs / "cifar10_cpu" / "version_0"

@@ -39,11 +39,13 @@ TOY_DATA = {
     "vit.streaming.StreamingImages": ["--data.init_args.batch_size", "4"],
 }  # fmt: skip
 # What else a config changes at toy size: the GPU recipe keeps one of its 7 blocks, and is not
-# compiled (a minute on a CPU; test_gpu_recipe.py::test_compile_takes_a_mode compiles it); the
+# compiled (a minute on a CPU; test_gpu_recipe.py::test_compile_takes_a_mode compiles it), nor is
+# the CPU recipe (25 s; test_cli.py::test_compile_trains_and_keeps_eager_checkpoints compiles); the
 # fine-tuning config starts from a timm ViT-Ti in a weights file of the workspace, not a ViT-S
 # downloaded, and reads the workspace's photos (the README's folder is /data/flowers).
 TOY_CONFIG = {
     "configs/cifar10_gpu.yaml": ["--model.compile", "false", "--model.vit.depth", "1"],
+    "configs/cifar10_cpu.yaml": ["--model.compile", "false"],
     "configs/finetune_folder.yaml": [
         "--model.pretrained", "timm:vit_tiny_patch16_224", "--model.weights", "vit_tiny.safetensors",
         "--data.init_args.root", "photos", "--data.init_args.image_size", "32",

@@ -296,6 +296,16 @@ def compile_now(classifier: L.LightningModule) -> None:
         classifier.logger.log_metrics({"time/compile_seconds": seconds}, step=0)
 
 
+def cpu_compiler() -> str | None:
+    """The C++ compiler inductor writes a CPU's kernels for (g++, clang++ or $CXX), or None."""
+    from torch._inductor import cpp_builder
+
+    try:
+        return cpp_builder.get_cpp_compiler()
+    except Exception:  # inductor's InvalidCxxCompiler, or a compiler that does not run
+        return None
+
+
 def compile_training(
     classifier: L.LightningModule, compile: bool | str, captured: bool
 ) -> CapturedStep | None:

@@ -44,6 +44,7 @@ from vit.callbacks import (
     log_artifact,
     run_folder,
 )
+from vit.captured_step import cpu_compiler
 from vit.checkpoint import AtomicCheckpointIO
 from vit.classifier import Classifier
 from vit.commands.base import OneLineErrors, run_command
@@ -112,15 +113,33 @@ class Parser(OneLineErrors, LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def on_cpu(accelerator) -> bool:
+    accelerator = str(accelerator)
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def compile_for_this_cpu(model: Namespace, accelerator) -> None:
+    """torch.compile on a CPU writes C++ kernels (inductor): where no C++ compiler is found, the
+    model (`model.init_args`: compile, capture_step) trains eagerly, the same maths more slowly
+    (configs/cifar10_cpu.yaml compiles: 1.20x the steps), and vit-train says so in one line."""
+    options = model.get("init_args") or {}
+    if not options.get("compile") or not on_cpu(accelerator) or cpu_compiler() is not None:
+        return
+    print(
+        "note: torch.compile on a CPU needs a C++ compiler (g++ or clang++, or $CXX) and none was "
+        "found: training eagerly, the same maths more slowly (install one to compile)",
+        file=sys.stderr,
+    )
+    options.compile, options.capture_step = False, False
+
+
 def precision_for_this_cpu(precision: str | int | None, accelerator) -> str | int | None:
     """The precision to train in. bf16 on a CPU without native bf16 instructions (AVX-512 BF16 or
     AMX) is emulated: on a 2-core AMD EPYC with AVX2 only, configs/cifar10_cpu.yaml trained 18x
     slower in bf16-mixed than in fp32 (0.13 against 2.4 steps/s), so a config written for bf16
     CPUs would spend its time budget on a few hundred steps. There we train in 32-true instead and
     say so in one line; everywhere else the precision is kept as given (None included)."""
-    accelerator = str(accelerator)
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if str(precision).startswith("bf16") and on_cpu and not optim.cpu_has_native_bf16():
+    if str(precision).startswith("bf16") and on_cpu(accelerator) and not optim.cpu_has_native_bf16():
         print(
             f"note: this CPU has no native bf16 (AVX-512 BF16 or AMX), where precision {precision} "
             f"is emulated and many times slower than fp32: training in 32-true",
@@ -288,6 +307,7 @@ class ViTCLI(LightningCLI):
                 "max_epochs=-1 needs max_steps or max_time: the learning-rate schedule needs an end"
             )
         trainer.precision = precision_for_this_cpu(trainer.precision, trainer.accelerator)
+        compile_for_this_cpu(config.model, trainer.accelerator)
         for url in object_store_locations(config):  # before anything is built or written
             storage.check_bucket(url)
         ckpt_path = config.get("ckpt_path")
