@@ -16,6 +16,14 @@ and the CPU peer do). One training
 step is forward, cross-entropy, backward and an AdamW step; inference is a forward pass in eval
 mode. The twelve run interleaved after a warm-up, for `--rounds` rounds; medians are reported, with
 the largest difference of each layout's eval logits from NCHW's (the same maths: rounding only).
+
+    python benchmarks/memory_format.py --precision bf16 --compile --layouts nhwc
+
+Each network's training FLOPs per image (forward and backward, `torch.utils.flop_counter`:
+matmuls and convolutions) turn its images/s into a share of the matrix-product rate measured in
+the same run (`throughput.gemm_peak`): how much of the CPU each network turns into training.
+`--compile` trains and infers through torch.compile (what configs/cifar10_cpu.yaml does);
+`--layouts` times some layouts only.
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from benchmarks.throughput import seconds_per_call  # noqa: E402
+from benchmarks.throughput import gemm_peak, seconds_per_call  # noqa: E402
 from lab.machine import hardware  # noqa: E402
 from vit.cnn import AirbenchCNN  # noqa: E402
 from vit.memory import keep_freed_memory  # noqa: E402
@@ -68,9 +77,20 @@ def networks(smoke: bool) -> dict[str, Callable[[], nn.Module]]:
 class Run:
     """One network in one layout: its weights, optimizer and batch."""
 
-    def __init__(self, network: nn.Module, layout: str, images: torch.Tensor, labels: torch.Tensor, dtype):
+    def __init__(
+        self,
+        network: nn.Module,
+        layout: str,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        dtype,
+        compile=False,
+    ):
         channels_last = torch.channels_last
         self.network = network.to(memory_format=channels_last) if layout == "nhwc+weights" else network
+        self.flops = self.train_flops(images, labels, dtype) / len(images)  # eager: the counter sees it all
+        if compile:  # in place, as vit-train compiles
+            self.network.compile()
         self.images = images if layout == "nchw" else images.contiguous(memory_format=channels_last)
         self.labels, self.optimizer = labels, torch.optim.AdamW(self.network.parameters(), lr=1e-3)
         self.autocast = (
@@ -85,6 +105,16 @@ class Run:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def train_flops(self, images: torch.Tensor, labels: torch.Tensor, dtype) -> int:
+        """FLOPs of one forward and backward of the batch (the optimizer's are negligible)."""
+        self.network.train()
+        with FlopCounterMode(display=False) as counter:
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                loss = F.cross_entropy(self.network(images), labels)
+            loss.backward()
+        self.network.zero_grad(set_to_none=True)
+        return counter.get_total_flops()
+
     @torch.inference_mode()
     def logits(self) -> torch.Tensor:
         self.network.eval()
@@ -92,19 +122,28 @@ class Run:
             return self.network(self.images).float()
 
 
-def measure(batch: int, rounds: int, steps: int, dtype: torch.dtype, smoke: bool = False) -> dict:
+def measure(
+    batch: int,
+    rounds: int,
+    steps: int,
+    dtype: torch.dtype,
+    smoke: bool = False,
+    compile: bool = False,
+    layouts: tuple[str, ...] = LAYOUTS,
+) -> dict:
     """Per network and layout: training and inference images/s (medians of `rounds` interleaved
-    rounds of `steps` calls) and the largest difference of its eval logits from NCHW's."""
+    rounds of `steps` calls), training FLOPs per image and the largest difference of its eval
+    logits from the first layout's."""
     torch.manual_seed(0)
     images, labels = torch.rand(batch, 3, 32, 32), torch.randint(10, (batch,))
     runs = {}
     for name, build in networks(smoke).items():
         torch.manual_seed(0)
         network = build()
-        for layout in LAYOUTS:
-            runs[name, layout] = Run(copy.deepcopy(network), layout, images, labels, dtype)
+        for layout in layouts:
+            runs[name, layout] = Run(copy.deepcopy(network), layout, images, labels, dtype, compile)
     differences = {
-        (name, layout): (run.logits() - runs[name, "nchw"].logits()).abs().max().item()
+        (name, layout): (run.logits() - runs[name, layouts[0]].logits()).abs().max().item()
         for (name, layout), run in runs.items()
     }  # before any step: the same weights
     for run in runs.values():
@@ -118,9 +157,10 @@ def measure(batch: int, rounds: int, steps: int, dtype: torch.dtype, smoke: bool
         key: dict(
             train=batch / statistics.median(train[key]),
             infer=batch / statistics.median(infer[key]),
+            flops=run.flops,
             difference=differences[key],
         )
-        for key in runs
+        for key, run in runs.items()
     }
 
 
@@ -131,20 +171,39 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2, help="calls per network and layout per round")
     parser.add_argument("--smoke", action="store_true", help="narrow networks, a batch of 2, one round")
+    parser.add_argument("--compile", action="store_true", help="every network through torch.compile")
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS), help="default: all")
     args = parser.parse_args(argv)
     if args.smoke:
         args.batch, args.rounds, args.steps = 2, 1, 1
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     keep_freed_memory()  # as vit's commands do
-    results = measure(args.batch, args.rounds, args.steps, dtype, args.smoke)
-    print(f"{hardware(CPU)}; {args.precision}, batch {args.batch}, {args.rounds} rounds")
-    columns = ("train img/s", "vs nchw", "infer img/s", "vs nchw", "logits diff")
+    peak = gemm_peak(dtype, CPU)
+    layouts = tuple(args.layouts)
+    results = measure(args.batch, args.rounds, args.steps, dtype, args.smoke, args.compile, layouts)
+    compiled = "torch.compile" if args.compile else "eager"
+    print(f"{hardware(CPU)}; {args.precision}, {compiled}, batch {args.batch}, {args.rounds} rounds")
+    print(f"matrix-product rate: {peak / 1e9:.0f} GFLOP/s; training's share of it from its FLOPs per image")
+    first = layouts[0]
+    columns = (
+        "train img/s",
+        f"vs {first}",
+        "infer img/s",
+        f"vs {first}",
+        "GFLOP/img",
+        "of rate",
+        "logits diff",
+    )
     print(f"{'network':<9} {'layout':<13} " + " ".join(f"{c:>11}" for c in columns))
     for (name, layout), r in results.items():
-        base = results[name, "nchw"]
+        base = results[name, first]
         train, infer = r["train"] / base["train"], r["infer"] / base["infer"]
         cells = (f"{r['train']:.1f}", f"{train:.2f}x", f"{r['infer']:.1f}", f"{infer:.2f}x")
-        cells += (f"{r['difference']:.1e}",)
+        cells += (
+            f"{r['flops'] / 1e9:.3f}",
+            f"{r['flops'] * r['train'] / peak:.1%}",
+            f"{r['difference']:.1e}",
+        )
         print(f"{name:<9} {layout:<13} " + " ".join(f"{c:>11}" for c in cells))
     return results
 

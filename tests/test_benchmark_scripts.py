@@ -160,5 +160,8 @@ def test_memory_format_benchmark_smoke(capsys):
     assert set(results) == {(n, layout) for n in names for layout in LAYOUTS}
     assert all(r["train"] > 0 and r["infer"] > 0 and r["difference"] < 1e-4 for r in results.values())
     assert all(results[n, "nchw"]["difference"] == 0 for n in names)
+    flops = {n: results[n, "nchw"]["flops"] for n in names}  # training FLOPs per image
+    assert all(results[n, layout]["flops"] == flops[n] for n, layout in results)  # layouts: same work
+    assert flops["airbench"] > flops["config"] > flops["depth0"] > 0  # the blocks' work counted
     out = capsys.readouterr().out
-    assert "family" in out and "airbench  nhwc+weights" in out
+    assert "family" in out and "airbench  nhwc+weights" in out and "of rate" in out
