@@ -81,7 +81,9 @@ def train(out: Path, name: str, root: Path, epochs: int, batch_size: int, *extra
             "--data", json.dumps(data), "--trainer.max_epochs", str(epochs), "--trainer.max_time", "null",
             "--trainer.logger.init_args.save_dir", str(out), "--trainer.logger.init_args.name", name,
             "--trainer.logger.init_args.version", "run", "--trainer.enable_progress_bar", "false",
-            "--trainer.precision", PRECISION, *extra,
+            "--trainer.precision", PRECISION,
+            "--model.compile", "false",  # eagerly, as the recorded runs trained (before the config compiled)
+            *extra,
         ],
         out / f"{name}.log",
     )  # fmt: skip
