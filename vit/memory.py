@@ -19,7 +19,6 @@ they are.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, glibc's malloc.h
@@ -32,9 +31,8 @@ TRIM_THRESHOLD = 1 << 30
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process (once); False where the C library
     is not glibc or refuses."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
+    try:  # the process's own symbols: the C library it runs on (find_library would start ldconfig)
+        libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
         libc.gnu_get_libc_version  # noqa: B018 (glibc only: musl and macOS have no such function)
     except (OSError, AttributeError, TypeError):
