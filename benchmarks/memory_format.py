@@ -19,9 +19,10 @@ the largest difference of each layout's eval logits from NCHW's (the same maths:
 
     python benchmarks/memory_format.py --precision bf16 --compile --layouts nhwc
 
-Each network's training FLOPs per image (forward and backward, `torch.utils.flop_counter`:
-matmuls and convolutions) turn its images/s into a share of the matrix-product rate measured in
-the same run (`throughput.gemm_peak`): how much of the CPU each network turns into training.
+Each network's training FLOPs per image (forward and backward, counted as throughput.py counts
+them: `counted_flops`, matmuls, convolutions and attention) turn its images/s into a share of the
+matrix-product rate measured in the same run (`throughput.gemm_peak`): how much of the CPU each
+network turns into training.
 `--compile` trains and infers through torch.compile (what configs/cifar10_cpu.yaml does);
 `--layouts` times some layouts only.
 """
@@ -43,9 +44,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from benchmarks.throughput import gemm_peak, seconds_per_call  # noqa: E402
+from benchmarks.throughput import counted_flops, gemm_peak, seconds_per_call  # noqa: E402
 from lab.machine import hardware  # noqa: E402
 from vit.cnn import AirbenchCNN  # noqa: E402
 from vit.memory import keep_freed_memory  # noqa: E402
@@ -108,12 +108,15 @@ class Run:
     def train_flops(self, images: torch.Tensor, labels: torch.Tensor, dtype) -> int:
         """FLOPs of one forward and backward of the batch (the optimizer's are negligible)."""
         self.network.train()
-        with FlopCounterMode(display=False) as counter:
+
+        def forward_backward() -> None:
             with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
                 loss = F.cross_entropy(self.network(images), labels)
             loss.backward()
+
+        flops = counted_flops(forward_backward)
         self.network.zero_grad(set_to_none=True)
-        return counter.get_total_flops()
+        return flops
 
     @torch.inference_mode()
     def logits(self) -> torch.Tensor:

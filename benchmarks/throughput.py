@@ -207,20 +207,24 @@ class System:
 
     def train_flops(self) -> int:
         """FLOPs of one training step (forward + backward; the optimizer's are negligible)."""
-        # The math backend spells attention out as matmuls, which the counter sees; it does not
-        # count the CPU flash kernel, so systems on SDPA would look cheaper than they are.
-        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
-            self.eager_gradients()
-        return counter.get_total_flops()
+        return counted_flops(self.eager_gradients)
 
     @torch.inference_mode()
     def infer_flops(self) -> int:
         """FLOPs of one inference step (the forward pass in eval mode), counted as `train_flops`
         counts them."""
         self.model.eval()
-        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH), self.autocast():
-            self.model.forward(self.x)
-        return counter.get_total_flops()
+        with self.autocast():
+            return counted_flops(lambda: self.model.forward(self.x))
+
+
+def counted_flops(work: Callable[[], object]) -> int:
+    """The FLOPs `torch.utils.flop_counter` counts in `work()`: matmuls and convolutions. SDPA runs
+    its math backend meanwhile, which spells attention out as matmuls the counter sees; it does not
+    count the CPU flash kernel, so models on SDPA would look cheaper than they are."""
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        work()
+    return counter.get_total_flops()
 
 
 def copy_strided(tensor: torch.Tensor) -> torch.Tensor:
